@@ -1,0 +1,30 @@
+"""fencelock: distributed locks with fencing tokens on Redis and Valkey.
+
+>>> from fencelock import Lock, NotAcquired   # doctest: +SKIP
+"""
+
+from ._sync.lock import Lease, Lock
+from .errors import (
+    ConfigError,
+    FencelockError,
+    LockLost,
+    NotAcquired,
+    ServerVote,
+    StaleFence,
+    Unavailable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "FencelockError",
+    "Lease",
+    "Lock",
+    "LockLost",
+    "NotAcquired",
+    "ServerVote",
+    "StaleFence",
+    "Unavailable",
+    "__version__",
+]

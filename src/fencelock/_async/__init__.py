@@ -1,0 +1,1 @@
+"""The asyncio front end: thin shells over ``fencelock._core``."""

@@ -1,0 +1,53 @@
+"""Decoding of script replies. Unknown shapes are errors, never success."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ProtocolError(Exception):
+    """A server answered something our scripts never return."""
+
+
+@dataclass(frozen=True)
+class AcquireReply:
+    granted: bool
+    fence: int  # the bumped fence register on a grant, else 0
+    pttl_ms: int  # the other holder's remaining lease on a refusal (-1 unknown), else 0
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool):
+        raise ProtocolError(f"unexpected boolean {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, bytes | str):
+        try:
+            return int(value)
+        except ValueError:
+            raise ProtocolError(f"not an integer: {value!r}") from None
+    raise ProtocolError(f"unexpected reply element {value!r}")
+
+
+def decode_acquire(reply: object) -> AcquireReply:
+    """``acquire.lua`` returns ``{1, fence}`` on a grant and ``{0, pttl_ms}`` when held."""
+    if not isinstance(reply, list | tuple) or len(reply) != 2:
+        raise ProtocolError(f"acquire: unexpected reply {reply!r}")
+    flag, value = _int(reply[0]), _int(reply[1])
+    if flag == 1:
+        if value <= 0:
+            raise ProtocolError(f"acquire: non-positive fence {value}")
+        return AcquireReply(True, value, 0)
+    if flag == 0:
+        return AcquireReply(False, 0, value)
+    raise ProtocolError(f"acquire: unknown flag {flag}")
+
+
+def decode_flag(reply: object, script: str) -> bool:
+    """Scripts that answer 1 (done, it was ours) or 0 (not ours)."""
+    value = _int(reply)
+    if value == 1:
+        return True
+    if value == 0:
+        return False
+    raise ProtocolError(f"{script}: unexpected reply {reply!r}")

@@ -1,0 +1,1 @@
+"""The blocking front end: thin shells over ``fencelock._core``."""

@@ -1,0 +1,70 @@
+"""One server, as the blocking front end talks to it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from .._scripts import Script
+from .._servers_spec import client_kwargs, describe
+from ..options import MAX_BLOCK
+
+
+class Node:
+    """A server: a client with short timeouts and no retries, built from a URL or from a
+    user's client (whose host, auth and TLS settings are reused on new connections)."""
+
+    def __init__(self, spec: str | redis.Redis, timeout: float) -> None:
+        if isinstance(spec, str):
+            pool = redis.ConnectionPool.from_url(spec)
+        else:
+            pool = spec.connection_pool
+        self._kwargs = dict(pool.connection_kwargs)
+        self._connection_class = pool.connection_class
+        self.name = describe(self._kwargs)
+        self.timeout = timeout
+        self.client = self._make_client(timeout)
+        self._blocking: redis.Redis | None = None
+
+    def _make_client(self, timeout: float) -> redis.Redis:
+        kwargs = client_kwargs(self._kwargs, timeout)
+        kwargs["retry"] = Retry(NoBackoff(), 0)
+        pool = redis.ConnectionPool(connection_class=self._connection_class, **kwargs)
+        return redis.Redis(connection_pool=pool)
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """EVALSHA, falling back to EVAL once when the server does not know the script."""
+        try:
+            return self.client.evalsha(script.sha, script.numkeys, *keys, *args)
+        except NoScriptError:
+            return self.client.eval(script.source, script.numkeys, *keys, *args)  # type: ignore[arg-type]
+
+    def wait_signal(self, key: str, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` (capped at MAX_BLOCK) for a wake element; True if popped."""
+        timeout_s = min(timeout_s, MAX_BLOCK)
+        if timeout_s < 0.001:
+            return False
+        if self._blocking is None:
+            self._blocking = self._make_client(MAX_BLOCK + self.timeout + 0.5)
+        return self._blocking.blpop([key], timeout=timeout_s) is not None
+
+    def run_id(self) -> str:
+        info: dict[str, Any] = self.client.info("server")
+        return str(info.get("run_id", ""))
+
+    def role(self) -> str:
+        info: dict[str, Any] = self.client.info("replication")
+        return str(info.get("role", ""))
+
+    def close(self) -> None:
+        self.client.close()
+        if self._blocking is not None:
+            self._blocking.close()
+
+    def __repr__(self) -> str:
+        return f"Node({self.name})"

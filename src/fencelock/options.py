@@ -1,0 +1,207 @@
+"""Validated, frozen options. Every default is stated once here, next to its reason.
+
+All validation happens at construction, before anything is sent to a server, and raises
+:class:`~fencelock.errors.ConfigError` (a :class:`ValueError`) naming the offending argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Union
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigError
+
+Seconds = Union[float, int, timedelta]
+"""A duration: seconds as int/float, or a :class:`datetime.timedelta`."""
+
+#: Lease length. Long enough for typical jobs; the watchdog renews it for longer ones.
+DEFAULT_TTL = 30.0
+#: How long ``acquire()`` waits by default. Finite on purpose: an infinite wait must be asked for
+#: (``wait=math.inf``).
+DEFAULT_WAIT = 10.0
+#: Clock-drift allowance: ``ttl * DRIFT_FACTOR + DRIFT_MIN`` (the Redis documentation's figures).
+DRIFT_FACTOR = 0.01
+DRIFT_MIN = 0.002
+#: First retry delay when no holder lease is known (split votes); doubled up to RETRY_CAP.
+RETRY_BASE = 0.01
+RETRY_CAP = 0.5
+#: After a release wakes a waiter, newcomers step aside this long so the woken waiter gets it.
+HANDOFF_WINDOW = 0.05
+#: A wake signal nobody picked up disappears after this long (seconds).
+WAKE_LIFETIME = 5.0
+#: One blocking wait on the wake list lasts at most this long before the waiter re-checks.
+MAX_BLOCK = 2.0
+#: Per-server timeout: ``ttl * SERVER_TIMEOUT_FRACTION`` clamped to [min, max]. A round must
+#: finish well inside the lease; a hung server must not delay it beyond this.
+SERVER_TIMEOUT_FRACTION = 0.1
+SERVER_TIMEOUT_MIN = 0.05
+SERVER_TIMEOUT_MAX = 1.0
+#: The watchdog renews every ``ttl * RENEW_FRACTION`` seconds.
+RENEW_FRACTION = 1.0 / 3.0
+
+_URL_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
+
+
+def seconds(
+    value: object, name: str, *, allow_zero: bool = False, allow_inf: bool = False
+) -> float:
+    """Check a duration and return it in float seconds, or raise :class:`ConfigError`."""
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number of seconds or a timedelta, not {value!r}")
+    else:
+        result = float(value)
+    if math.isnan(result):
+        raise ConfigError(f"{name} must not be NaN")
+    if math.isinf(result) and (result < 0 or not allow_inf):
+        raise ConfigError(f"{name} must be finite, got {value!r}")
+    if result < 0 or (result == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {bound} seconds, got {value!r}")
+    return result
+
+
+def fraction(value: object, name: str, *, upper: float = 1.0) -> float:
+    """A number in [0, upper)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number, not {value!r}")
+    result = float(value)
+    if not 0.0 <= result < upper:
+        raise ConfigError(f"{name} must be in [0, {upper}), got {value!r}")
+    return result
+
+
+def check_key(key: object) -> str:
+    """A lock name: a non-empty ``str``."""
+    if not isinstance(key, str):
+        raise ConfigError(f"key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ConfigError("key must not be empty")
+    return key
+
+
+def check_url(url: str) -> str:
+    """Validate a server URL and return it in the form redis-py understands.
+
+    Accepts ``redis://``, ``rediss://``, ``valkey://``, ``valkeys://`` (host required, optional
+    port and ``/db``) and ``unix:///path``. Raises :class:`ConfigError` for anything else.
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"malformed server URL {redact_url(url)!r}: {exc}") from None
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigError(f"unix URL needs a socket path: {redact_url(url)!r}")
+        return url
+    if parts.scheme not in _URL_SCHEMES:
+        raise ConfigError(
+            f"server URL must start with redis://, rediss://, valkey://, valkeys:// or unix://, "
+            f"got {redact_url(url)!r}"
+        )
+    if not parts.hostname:
+        raise ConfigError(f"server URL has no host: {redact_url(url)!r}")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"server URL port out of range: {redact_url(url)!r}")
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        raise ConfigError(f"server URL database must be a number: {redact_url(url)!r}")
+    return urlunsplit(parts._replace(scheme=_URL_SCHEMES[parts.scheme]))
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (safe for logs, reprs and error messages)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        netloc = f"{user}:***@{host}" if user else f":***@{host}"
+        if parts.port is not None:
+            netloc += f":{parts.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<malformed URL>"
+
+
+def default_server_timeout(ttl: float) -> float:
+    return min(SERVER_TIMEOUT_MAX, max(SERVER_TIMEOUT_MIN, ttl * SERVER_TIMEOUT_FRACTION))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockOptions:
+    """Everything a :class:`~fencelock.Lock` needs besides its servers and key (seconds)."""
+
+    ttl: float = DEFAULT_TTL
+    wait: float = DEFAULT_WAIT
+    server_timeout: float = SERVER_TIMEOUT_MAX
+    drift_factor: float = DRIFT_FACTOR
+    drift_min: float = DRIFT_MIN
+    retry_base: float = RETRY_BASE
+    retry_cap: float = RETRY_CAP
+    renew_every: float = DEFAULT_TTL * RENEW_FRACTION
+    handoff_window: float = HANDOFF_WINDOW
+    holder_info: bool = True
+    purpose: str | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        ttl: object = DEFAULT_TTL,
+        wait: object = DEFAULT_WAIT,
+        server_timeout: object = None,
+        drift_factor: object = DRIFT_FACTOR,
+        drift_min: object = DRIFT_MIN,
+        retry_base: object = RETRY_BASE,
+        retry_cap: object = RETRY_CAP,
+        renew_every: object = None,
+        handoff_window: object = HANDOFF_WINDOW,
+        holder_info: object = True,
+        purpose: object = None,
+    ) -> LockOptions:
+        """Validate raw arguments; raises :class:`ConfigError` naming the first bad one."""
+        ttl_s = seconds(ttl, "ttl")
+        if ttl_s < 0.01:
+            raise ConfigError(f"ttl must be at least 0.01 seconds, got {ttl!r}")
+        wait_s = seconds(wait, "wait", allow_zero=True, allow_inf=True)
+        timeout_s = (
+            default_server_timeout(ttl_s)
+            if server_timeout is None
+            else seconds(server_timeout, "server_timeout")
+        )
+        if timeout_s >= ttl_s:
+            raise ConfigError(
+                f"server_timeout ({timeout_s} s) must be shorter than ttl ({ttl_s} s): "
+                "a round that takes the whole lease can never produce a valid lease"
+            )
+        renew_s = ttl_s * RENEW_FRACTION if renew_every is None else seconds(renew_every, "renew_every")
+        if renew_s >= ttl_s:
+            raise ConfigError(f"renew_every ({renew_s} s) must be shorter than ttl ({ttl_s} s)")
+        if not isinstance(holder_info, bool):
+            raise ConfigError(f"holder_info must be a bool, not {holder_info!r}")
+        if purpose is not None and not isinstance(purpose, str):
+            raise ConfigError(f"purpose must be a str or None, not {purpose!r}")
+        base_s = seconds(retry_base, "retry_base")
+        cap_s = seconds(retry_cap, "retry_cap")
+        if cap_s < base_s:
+            raise ConfigError(f"retry_cap ({cap_s}) must be >= retry_base ({base_s})")
+        return cls(
+            ttl=ttl_s,
+            wait=wait_s,
+            server_timeout=timeout_s,
+            drift_factor=fraction(drift_factor, "drift_factor", upper=0.5),
+            drift_min=seconds(drift_min, "drift_min", allow_zero=True),
+            retry_base=base_s,
+            retry_cap=cap_s,
+            renew_every=renew_s,
+            handoff_window=seconds(handoff_window, "handoff_window", allow_zero=True),
+            holder_info=holder_info,
+            purpose=purpose,
+        )

