@@ -533,7 +533,8 @@ class Lease:
         try:
             self.release()
         except Exception as exc:
-            log.warning("release of %r after an error failed: %s", self.key, exc)
+            level = logging.DEBUG if self.lost.is_set() else logging.WARNING
+            log.log(level, "release of %r after an error failed: %s", self.key, exc)
 
     def _finish(self) -> None:
         """End of a ``hold()`` block that did not raise: release, and report a loss."""

@@ -1,0 +1,22 @@
+"""The asyncio front end: ``from fencelock.asyncio import Lock``.
+
+Same shape as the blocking API, awaitable::
+
+    lock = Lock("redis://127.0.0.1:6379/0", "orders:42", ttl=30)
+    async with lock.hold(wait=5) as lease:   # renewed; body cancelled + LockLost on loss
+        await write(..., fence=lease.fence)
+"""
+
+from ._async.lock import Lease, Lock
+from .errors import ConfigError, FencelockError, LockLost, NotAcquired, StaleFence, Unavailable
+
+__all__ = [
+    "ConfigError",
+    "FencelockError",
+    "Lease",
+    "Lock",
+    "LockLost",
+    "NotAcquired",
+    "StaleFence",
+    "Unavailable",
+]
