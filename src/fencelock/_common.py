@@ -122,4 +122,3 @@ def pop_held(owner: object) -> Any:
 
 def mapping_names(nodes: Sequence[Any]) -> list[str]:
     return [node.name for node in nodes]
-

@@ -16,7 +16,7 @@ def split_servers(servers: object, client_types: tuple[type, ...]) -> list[Any]:
     URL given twice (the same server under two names is caught later, by ``run_id``).
     """
     items: list[object]
-    if isinstance(servers, str) or isinstance(servers, client_types):
+    if isinstance(servers, (str, *client_types)):
         items = [servers]
     elif isinstance(servers, Sequence):
         items = list(servers)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Union
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 
-Seconds = Union[float, int, timedelta]
+Seconds = float | int | timedelta
 """A duration: seconds as int/float, or a :class:`datetime.timedelta`."""
 
 #: Lease length. Long enough for typical jobs; the watchdog renews it for longer ones.
@@ -181,7 +180,9 @@ class LockOptions:
                 f"server_timeout ({timeout_s} s) must be shorter than ttl ({ttl_s} s): "
                 "a round that takes the whole lease can never produce a valid lease"
             )
-        renew_s = ttl_s * RENEW_FRACTION if renew_every is None else seconds(renew_every, "renew_every")
+        renew_s = (
+            ttl_s * RENEW_FRACTION if renew_every is None else seconds(renew_every, "renew_every")
+        )
         if renew_s >= ttl_s:
             raise ConfigError(f"renew_every ({renew_s} s) must be shorter than ttl ({ttl_s} s)")
         if not isinstance(holder_info, bool):

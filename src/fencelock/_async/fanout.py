@@ -64,9 +64,9 @@ async def fan_out(
         )
         if not done:
             for task in sorted(pending, key=tasks.__getitem__):
-                exc = TimeoutError(f"no answer within {budget_s:.3f} s")
-                results[tasks[task]] = exc
-                tally.record(tasks[task], Outcome.ERROR, exc)
+                timeout = TimeoutError(f"no answer within {budget_s:.3f} s")
+                results[tasks[task]] = timeout
+                tally.record(tasks[task], Outcome.ERROR, timeout)
             break
         for task in sorted(done, key=tasks.__getitem__):
             outcome: object = task.exception() if task.exception() is not None else task.result()

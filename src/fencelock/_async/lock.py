@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Union
+from typing import Any
 
 import redis.asyncio as aredis
 
@@ -63,8 +63,8 @@ from .node import AsyncNode
 log = logging.getLogger("fencelock.lock")
 wlog = logging.getLogger("fencelock.watchdog")
 
-ServerSpec = Union[str, "aredis.Redis"]
-Servers = Union[ServerSpec, Sequence[ServerSpec]]
+ServerSpec = str | aredis.Redis
+Servers = ServerSpec | Sequence[ServerSpec]
 LostCallback = Callable[["Lease"], object]
 RETRY_FLOOR = 0.01
 
@@ -133,7 +133,9 @@ class Lock:
         self._nodes = [AsyncNode(spec, self.options.server_timeout) for spec in specs]
         self._keys = lock_keys(self.key)
         self._ttl_ms = seconds_to_ms(self.options.ttl)
-        self._drift_ms = drift_ms(self._ttl_ms, self.options.drift_factor, self.options.drift_min * 1000)
+        self._drift_ms = drift_ms(
+            self._ttl_ms, self.options.drift_factor, self.options.drift_min * 1000
+        )
         self._budget = 2 * self.options.server_timeout + 0.05
         self._independent = len(self._nodes) == 1
         self._independence_lock: asyncio.Lock | None = None
@@ -169,7 +171,11 @@ class Lock:
         :class:`~fencelock.ConfigError` (bad ``wait``). Safe to cancel at any point: whatever
         may have landed on a server is released in a shielded cleanup.
         """
-        wait_s = self.options.wait if wait is _UNSET else seconds(wait, "wait", allow_zero=True, allow_inf=True)
+        wait_s = (
+            self.options.wait
+            if wait is _UNSET
+            else seconds(wait, "wait", allow_zero=True, allow_inf=True)
+        )
         await self._check_independence()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -450,7 +456,9 @@ class Lease:
         if lost_for_sure(tally) or self.remaining() <= 0.0:
             self._mark_lost(f"extend refused: {text}")
             raise LockLost(self.key, f"{text}: the lease is no longer ours")
-        raise Unavailable(self.key, f"{text}: extend not confirmed", votes(tally, self.lock.servers))
+        raise Unavailable(
+            self.key, f"{text}: extend not confirmed", votes(tally, self.lock.servers)
+        )
 
     async def release(self) -> None:
         """Compare-and-delete everywhere, after stopping (and awaiting) the renewal.
@@ -469,7 +477,9 @@ class Lease:
         text = summary(self.key, tally)
         if lost_for_sure(tally) or self._deadline <= time.monotonic() or self.lost.is_set():
             raise LockLost(self.key, f"{text}: the lease had already expired or been taken")
-        raise Unavailable(self.key, f"{text}: release not confirmed", votes(tally, self.lock.servers))
+        raise Unavailable(
+            self.key, f"{text}: release not confirmed", votes(tally, self.lock.servers)
+        )
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (at once if it already is)."""
@@ -484,7 +494,9 @@ class Lease:
         task holds the lease weakly."""
         every_s = self.lock.options.renew_every if every is None else seconds(every, "every")
         if every_s >= self.lock.options.ttl:
-            raise ConfigError(f"every ({every_s} s) must be shorter than ttl ({self.lock.options.ttl} s)")
+            raise ConfigError(
+                f"every ({every_s} s) must be shorter than ttl ({self.lock.options.ttl} s)"
+            )
         cap = None if max_hold is None else seconds(max_hold, "max_hold")
         self.ensure_valid()
         if self._renewal is not None:
@@ -578,7 +590,9 @@ async def _renew(ref: weakref.ref[Lease], every: float, max_hold: float | None) 
             return
         except Exception as exc:
             remaining = lease.remaining()
-            wlog.warning("renewal of %r failed (%.3f s of validity left): %s", lease.key, remaining, exc)
+            wlog.warning(
+                "renewal of %r failed (%.3f s of validity left): %s", lease.key, remaining, exc
+            )
             if remaining <= 0:
                 lease._mark_lost(f"renewal not confirmed before the lease ran out: {exc}")
                 return
@@ -640,6 +654,6 @@ class _Hold:
             if not ours:
                 raise
             # our own cancellation arrived after the body had finished: it is consumed here
-        raise LockLost(lease.key, f"{lease.key!r}: lease lost while the block ran ({reason})") from (
-            exc if ours else None
-        )
+        raise LockLost(
+            lease.key, f"{lease.key!r}: lease lost while the block ran ({reason})"
+        ) from (exc if ours else None)

@@ -71,9 +71,9 @@ def fan_out(
             index, result = queue.get(timeout=max(0.0, deadline - time.monotonic()))
         except Empty:
             for index in sorted(pending):
-                exc = TimeoutError(f"no answer within {budget_s:.3f} s")
-                results[index] = exc
-                tally.record(index, Outcome.ERROR, exc)
+                timeout = TimeoutError(f"no answer within {budget_s:.3f} s")
+                results[index] = timeout
+                tally.record(index, Outcome.ERROR, timeout)
             break
         pending.discard(index)
         results[index] = result

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Union
+from typing import Any
 
 import redis
 
@@ -54,8 +54,8 @@ from .node import Node
 
 log = logging.getLogger("fencelock.lock")
 
-ServerSpec = Union[str, "redis.Redis"]
-Servers = Union[ServerSpec, Sequence[ServerSpec]]
+ServerSpec = str | redis.Redis
+Servers = ServerSpec | Sequence[ServerSpec]
 LostCallback = Callable[["Lease"], object]
 
 
@@ -126,7 +126,9 @@ class Lock:
         self._nodes = [Node(spec, self.options.server_timeout) for spec in specs]
         self._keys = lock_keys(self.key)
         self._ttl_ms = seconds_to_ms(self.options.ttl)
-        self._drift_ms = drift_ms(self._ttl_ms, self.options.drift_factor, self.options.drift_min * 1000)
+        self._drift_ms = drift_ms(
+            self._ttl_ms, self.options.drift_factor, self.options.drift_min * 1000
+        )
         self._budget = 2 * self.options.server_timeout + 0.05
         self._independent = len(self._nodes) == 1
         self._independence_lock = threading.Lock()
@@ -164,7 +166,11 @@ class Lock:
         :class:`~fencelock.Unavailable` when too few servers answered to reach a majority,
         :class:`~fencelock.ConfigError` for a bad ``wait``.
         """
-        wait_s = self.options.wait if wait is _UNSET else seconds(wait, "wait", allow_zero=True, allow_inf=True)
+        wait_s = (
+            self.options.wait
+            if wait is _UNSET
+            else seconds(wait, "wait", allow_zero=True, allow_inf=True)
+        )
         self._check_independence()
         deadline = time.monotonic() + wait_s
         attempt = 0
@@ -457,7 +463,9 @@ class Lease:
         if lost_for_sure(tally) or self.remaining() <= 0.0:
             self._mark_lost(f"extend refused: {text}")
             raise LockLost(self.key, f"{text}: the lease is no longer ours")
-        raise Unavailable(self.key, f"{text}: extend not confirmed", votes(tally, self.lock.servers))
+        raise Unavailable(
+            self.key, f"{text}: extend not confirmed", votes(tally, self.lock.servers)
+        )
 
     def release(self) -> None:
         """Delete the lock wherever it is still ours (compare-and-delete), stopping renewal first.
@@ -478,7 +486,9 @@ class Lease:
         text = summary(self.key, tally)
         if lost_for_sure(tally) or self._deadline <= time.monotonic() or self.lost.is_set():
             raise LockLost(self.key, f"{text}: the lease had already expired or been taken")
-        raise Unavailable(self.key, f"{text}: release not confirmed", votes(tally, self.lock.servers))
+        raise Unavailable(
+            self.key, f"{text}: release not confirmed", votes(tally, self.lock.servers)
+        )
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (at once if it already is).
@@ -499,7 +509,9 @@ class Lease:
 
         every_s = self.lock.options.renew_every if every is None else seconds(every, "every")
         if every_s >= self.lock.options.ttl:
-            raise ConfigError(f"every ({every_s} s) must be shorter than ttl ({self.lock.options.ttl} s)")
+            raise ConfigError(
+                f"every ({every_s} s) must be shorter than ttl ({self.lock.options.ttl} s)"
+            )
         cap = None if max_hold is None else seconds(max_hold, "max_hold")
         self.ensure_valid()
         self._stop_renewal()

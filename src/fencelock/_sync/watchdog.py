@@ -118,13 +118,19 @@ class Renewal:
                     return  # extend() already marked the lease lost
                 except Exception as exc:
                     remaining = lease.remaining()
-                    log.warning("renewal of %r failed (%.3f s of validity left): %s",
-                                lease.key, remaining, exc)
+                    log.warning(
+                        "renewal of %r failed (%.3f s of validity left): %s",
+                        lease.key,
+                        remaining,
+                        exc,
+                    )
                     if remaining <= 0:
                         self.stopped = True
                         lost_reason = f"renewal not confirmed before the lease ran out: {exc}"
                     else:
-                        next_at = time.monotonic() + max(RETRY_FLOOR, min(self.every, remaining / 3))
+                        next_at = time.monotonic() + max(
+                            RETRY_FLOOR, min(self.every, remaining / 3)
+                        )
         if lost_reason is not None:
             if self.max_hold is not None and lost_reason.startswith("max_hold"):
                 # let the lease run out on the servers, then report it lost
