@@ -181,9 +181,10 @@ class Lock:
         deadline = loop.time() + wait_s
         attempt = 0
         woken = False
+        waiter = new_token()[:16]
         while True:
             attempt += 1
-            outcome = await self._attempt(woken)
+            outcome = await self._attempt(woken, waiter)
             if isinstance(outcome, Lease):
                 return outcome
             decision, tally = outcome
@@ -206,7 +207,7 @@ class Lock:
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
         await self._check_independence()
-        outcome = await self._attempt(False)
+        outcome = await self._attempt(False, new_token()[:16])
         if isinstance(outcome, Lease):
             return outcome
         decision, tally = outcome
@@ -284,10 +285,10 @@ class Lock:
                 seen[run_id] = node.name
             self._independent = True
 
-    async def _attempt(self, woken: bool) -> Lease | tuple[AcquireDecision, Tally]:
+    async def _attempt(self, woken: bool, waiter: str) -> Lease | tuple[AcquireDecision, Tally]:
         token = new_token()
         info = holder_info(self.options.purpose) if self.options.holder_info else ""
-        args = (token, self._ttl_ms, info, "1" if woken else "0")
+        args = (token, self._ttl_ms, info, "1" if woken else "0", waiter)
         nodes = self._nodes
         tally = Tally(len(nodes))
         cancels_before = _cancel_requests()

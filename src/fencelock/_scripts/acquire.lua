@@ -1,14 +1,19 @@
 -- acquire: take the lock if it is free and bump the fence register, in one round trip.
 -- KEYS[1] lock key            KEYS[2] fence register (no TTL)     KEYS[3] holder info
--- KEYS[4] waiters hint        KEYS[5] hand-off marker
+-- KEYS[4] waiters (zset: waiter id -> expiry in server ms)        KEYS[5] hand-off marker
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
+-- ARGV[5] waiter id, stable over one acquire() call
 -- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F
---         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way)
+--         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way);
+--                      the caller is registered as a waiter until pttl + 1 s from now
+local now = redis.call('TIME')
 local function refuse(pttl)
   local hint = tonumber(ARGV[2])
   if pttl > 0 then hint = pttl + 1000 end
-  redis.call('SET', KEYS[4], '1', 'PX', hint)
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('ZADD', KEYS[4], now_ms + hint, ARGV[5])
+  if redis.call('PTTL', KEYS[4]) < hint then redis.call('PEXPIRE', KEYS[4], hint) end
   return {0, pttl}
 end
 if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
@@ -16,7 +21,7 @@ if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[4] == '1' then redis.call('DEL', KEYS[5]) end
-  local now = redis.call('TIME')
+  redis.call('ZREM', KEYS[4], ARGV[5])
   local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
   redis.call('SET', KEYS[2], string.format('%.0f', fence))

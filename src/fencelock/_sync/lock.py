@@ -46,6 +46,7 @@ from ..options import (
     RETRY_CAP,
     WAKE_LIFETIME,
     LockOptions,
+    check_key,
     Seconds,
     seconds,
 )
@@ -106,8 +107,6 @@ class Lock:
         holder_info: bool = True,
         purpose: str | None = None,
     ) -> None:
-        from ..options import check_key
-
         self.key = check_key(key)
         self.options = LockOptions.build(
             ttl=ttl,
@@ -175,9 +174,10 @@ class Lock:
         deadline = time.monotonic() + wait_s
         attempt = 0
         woken = False
+        waiter = new_token()[:16]
         while True:
             attempt += 1
-            outcome = self._attempt(woken)
+            outcome = self._attempt(woken, waiter)
             if isinstance(outcome, Lease):
                 return outcome
             decision, tally = outcome
@@ -200,7 +200,7 @@ class Lock:
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
         self._check_independence()
-        outcome = self._attempt(False)
+        outcome = self._attempt(False, new_token()[:16])
         if isinstance(outcome, Lease):
             return outcome
         decision, tally = outcome
@@ -290,10 +290,10 @@ class Lock:
                 seen[run_id] = node.name
             self._independent = True
 
-    def _attempt(self, woken: bool) -> Lease | tuple[AcquireDecision, Tally]:
+    def _attempt(self, woken: bool, waiter: str) -> Lease | tuple[AcquireDecision, Tally]:
         token = new_token()
         info = holder_info(self.options.purpose) if self.options.holder_info else ""
-        args = (token, self._ttl_ms, info, "1" if woken else "0")
+        args = (token, self._ttl_ms, info, "1" if woken else "0", waiter)
         nodes = self._nodes
         tally = Tally(len(nodes))
         start = time.monotonic()

@@ -78,7 +78,7 @@ class Renewal:
         self.every = every
         self.max_hold = max_hold
         self.stopped = False
-        self._busy = threading.Lock()
+        self._busy = threading.RLock()  # re-entrant: an on_lost callback may release
         self.renewals = 0
 
     @classmethod
