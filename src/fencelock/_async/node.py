@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
@@ -29,6 +29,8 @@ class AsyncNode:
         self.name = describe(self._kwargs)
         self.timeout = timeout
         self.client = self._make_client(timeout)
+        # execute_command is untyped in redis-py; one typed handle, looked up once
+        self._execute: Callable[..., Any] = self.client.execute_command
         self._blocking: aredis.Redis | None = None
 
     def _make_client(self, timeout: float) -> aredis.Redis:
@@ -40,9 +42,9 @@ class AsyncNode:
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """EVALSHA, falling back to EVAL once when the server does not know the script."""
         try:
-            return await self.client.evalsha(script.sha, script.numkeys, *keys, *args)
+            return await self._execute("EVALSHA", script.sha, script.numkeys, *keys, *args)
         except NoScriptError:
-            return await self.client.eval(script.source, script.numkeys, *keys, *args)  # type: ignore[arg-type]
+            return await self._execute("EVAL", script.source, script.numkeys, *keys, *args)
 
     async def wait_signal(self, key: str, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` (capped at MAX_BLOCK) for a wake element; True if popped."""
@@ -51,14 +53,15 @@ class AsyncNode:
             return False
         if self._blocking is None:
             self._blocking = self._make_client(MAX_BLOCK + self.timeout + 0.5)
-        return await self._blocking.blpop([key], timeout=timeout_s) is not None
+        blocking: Callable[..., Any] = self._blocking.execute_command
+        return await blocking("BLPOP", key, timeout_s) is not None
 
     async def run_id(self) -> str:
-        info: dict[str, Any] = await self.client.info("server")
+        info: dict[str, Any] = await self._execute("INFO", "server")
         return str(info.get("run_id", ""))
 
     async def role(self) -> str:
-        info: dict[str, Any] = await self.client.info("replication")
+        info: dict[str, Any] = await self._execute("INFO", "replication")
         return str(info.get("role", ""))
 
     async def aclose(self) -> None:

@@ -46,8 +46,8 @@ from ..options import (
     RETRY_CAP,
     WAKE_LIFETIME,
     LockOptions,
-    check_key,
     Seconds,
+    check_key,
     seconds,
 )
 from .fanout import fan_out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -29,6 +29,8 @@ class Node:
         self.name = describe(self._kwargs)
         self.timeout = timeout
         self.client = self._make_client(timeout)
+        # execute_command is untyped in redis-py; one typed handle, looked up once
+        self._execute: Callable[..., Any] = self.client.execute_command
         self._blocking: redis.Redis | None = None
 
     def _make_client(self, timeout: float) -> redis.Redis:
@@ -40,9 +42,9 @@ class Node:
     def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         """EVALSHA, falling back to EVAL once when the server does not know the script."""
         try:
-            return self.client.evalsha(script.sha, script.numkeys, *keys, *args)
+            return self._execute("EVALSHA", script.sha, script.numkeys, *keys, *args)
         except NoScriptError:
-            return self.client.eval(script.source, script.numkeys, *keys, *args)  # type: ignore[arg-type]
+            return self._execute("EVAL", script.source, script.numkeys, *keys, *args)
 
     def wait_signal(self, key: str, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` (capped at MAX_BLOCK) for a wake element; True if popped."""
@@ -51,14 +53,15 @@ class Node:
             return False
         if self._blocking is None:
             self._blocking = self._make_client(MAX_BLOCK + self.timeout + 0.5)
-        return self._blocking.blpop([key], timeout=timeout_s) is not None
+        blocking: Callable[..., Any] = self._blocking.execute_command
+        return blocking("BLPOP", key, timeout_s) is not None
 
     def run_id(self) -> str:
-        info: dict[str, Any] = self.client.info("server")
+        info: dict[str, Any] = self._execute("INFO", "server")
         return str(info.get("run_id", ""))
 
     def role(self) -> str:
-        info: dict[str, Any] = self.client.info("replication")
+        info: dict[str, Any] = self._execute("INFO", "replication")
         return str(info.get("role", ""))
 
     def close(self) -> None:
