@@ -454,9 +454,12 @@ class Lease:
             self._deadline = start + validity / 1000
             return
         text = summary(self.key, tally)
-        if lost_for_sure(tally) or self.remaining() <= 0.0:
+        if lost_for_sure(tally):
             self._mark_lost(f"extend refused: {text}")
             raise LockLost(self.key, f"{text}: the lease is no longer ours")
+        if self.remaining() <= 0.0:
+            self._mark_lost(f"renewal not confirmed before the lease ran out: {text}")
+            raise LockLost(self.key, f"{text}: the lease ran out before a majority confirmed")
         raise Unavailable(
             self.key, f"{text}: extend not confirmed", votes(tally, self.lock.servers)
         )
