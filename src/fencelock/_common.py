@@ -27,12 +27,23 @@ def new_token() -> str:
 _HOST = socket.gethostname()
 
 
+_holder_prefix: dict[tuple[int, str | None], str] = {}
+
+
 def holder_info(purpose: str | None) -> str:
-    """What other processes see in ``fencelock status``: host, pid, purpose, wall-clock time."""
-    info: dict[str, Any] = {"host": _HOST, "pid": os.getpid(), "acquired_at": round(time.time(), 3)}
-    if purpose:
-        info["purpose"] = purpose
-    return json.dumps(info, separators=(",", ":"))
+    """What other processes see in ``fencelock status``: host, pid, purpose, wall-clock time.
+
+    The constant part is encoded once per (pid, purpose); only the time is added per call.
+    """
+    pid = os.getpid()
+    prefix = _holder_prefix.get((pid, purpose))
+    if prefix is None:
+        info: dict[str, Any] = {"host": _HOST, "pid": pid}
+        if purpose:
+            info["purpose"] = purpose
+        prefix = json.dumps(info, separators=(",", ":"))[:-1] + ',"acquired_at":'
+        _holder_prefix[(pid, purpose)] = prefix
+    return f"{prefix}{time.time():.3f}}}"
 
 
 def classify_acquire(result: object) -> tuple[Outcome, object]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,9 @@ class AsyncNode:
         self.client = self._make_client(timeout)
         # execute_command is untyped in redis-py; one typed handle, looked up once
         self._execute: Callable[..., Any] = self.client.execute_command
+        self._new_connection: Callable[[], Any] = self.client.connection_pool.make_connection
         self._blocking: aredis.Redis | None = None
+        self._idle: list[Any] = []  # connections not in use (run() takes one, gives it back)
 
     def _make_client(self, timeout: float) -> aredis.Redis:
         kwargs = client_kwargs(self._kwargs, timeout)
@@ -40,11 +43,33 @@ class AsyncNode:
         return aredis.Redis(connection_pool=pool)
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """EVALSHA, falling back to EVAL once when the server does not know the script."""
+        """EVALSHA, falling back to EVAL once when the server does not know the script.
+
+        Lean path: a connection of our own from a free list (never shared by two tasks), the
+        command packed once and sent in one write, the reply read under the connection's socket
+        timeout; no client-side retry (the error is the caller's vote).
+        """
         try:
-            return await self._execute("EVALSHA", script.sha, script.numkeys, *keys, *args)
-        except NoScriptError:
-            return await self._execute("EVAL", script.source, script.numkeys, *keys, *args)
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self._new_connection()
+        try:
+            await conn.send_packed_command(
+                conn.pack_command("EVALSHA", script.sha, script.numkeys, *keys, *args), False
+            )
+            try:
+                reply = await conn.read_response()
+            except NoScriptError:
+                await conn.send_packed_command(
+                    conn.pack_command("EVAL", script.source, script.numkeys, *keys, *args), False
+                )
+                reply = await conn.read_response()
+        except BaseException:
+            # timed out, failed or cancelled mid-command: the connection's state is unknown
+            await asyncio.shield(conn.disconnect(nowait=True))
+            raise
+        self._idle.append(conn)
+        return reply
 
     async def wait_signal(self, key: str, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` (capped at MAX_BLOCK) for a wake element; True if popped."""
@@ -65,6 +90,8 @@ class AsyncNode:
         return str(info.get("role", ""))
 
     async def aclose(self) -> None:
+        while self._idle:
+            await self._idle.pop().disconnect()
         await self.client.aclose()
         if self._blocking is not None:
             await self._blocking.aclose()

@@ -51,7 +51,7 @@ from ..options import (
     seconds,
 )
 from .fanout import fan_out
-from .node import Node
+from .node import shared_node
 
 log = logging.getLogger("fencelock.lock")
 
@@ -122,7 +122,7 @@ class Lock:
             purpose=purpose,
         )
         specs = split_servers(servers, (redis.Redis,))
-        self._nodes = [Node(spec, self.options.server_timeout) for spec in specs]
+        self._nodes = [shared_node(spec, self.options.server_timeout) for spec in specs]
         self._keys = lock_keys(self.key)
         self._ttl_ms = seconds_to_ms(self.options.ttl)
         self._drift_ms = drift_ms(
@@ -256,9 +256,9 @@ class Lock:
             lease.release()
 
     def close(self) -> None:
-        """Close this lock's connections (leases already handed out stay valid on the server)."""
-        for node in self._nodes:
-            node.close()
+        """Let go of this lock's connections (shared with other Locks on the same servers; they
+        close when no Lock uses them). Leases already handed out stay valid on the server."""
+        self._nodes = []
 
     def __repr__(self) -> str:
         return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl})"
