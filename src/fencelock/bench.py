@@ -1,0 +1,739 @@
+"""``fencelock bench``: this library measured against raw redis-py doing the same commands.
+
+Everything is measured in one run and interleaved (ours, baseline, ours, baseline, ...), and the
+figures that matter are *ratios* within that run: shared machines are noisy, absolute times are
+not stable, ratios of interleaved batches are.
+
+Cases (see ``docs/benchmarks.md`` for the targets):
+
+- ``single``: uncontended acquire + release on one server vs raw redis-py on one connection
+  (``SET key token NX PX ttl`` then ``EVALSHA`` of a compare-and-delete script).
+- ``redlock``: acquire + release over 5 servers, p50 against our own one-server p50.
+- ``handoff``: 8 workers (processes; threads reported too) on one key, ~1 ms of work each.
+- ``async``: 50 asyncio tasks on distinct keys vs raw ``redis.asyncio``.
+
+Also reported: client CPU per operation (``time.process_time`` per op), server memory per held
+lock (``MEMORY USAGE`` of its keys) and whether anything but the fence register is left after a
+release. Set ``FENCELOCK_BENCH_QUICK=1`` (or ``quick=True``) for a short CI smoke run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import multiprocessing
+import os
+import platform
+import secrets
+import statistics
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+from ._core.keys import lock_keys
+
+QUICK_ENV = "FENCELOCK_BENCH_QUICK"
+
+#: Compare-and-delete of the raw baseline: the one script a raw redis-py user needs.
+BASELINE_RELEASE = (
+    b"if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
+    b"else return 0 end"
+)
+BASELINE_TTL_MS = 10_000
+LOCK_TTL_S = 10.0
+CALL_TIMEOUT_S = 5.0  # socket timeout of the bench's own admin / baseline clients
+HANDOFF_WORKERS = 8
+HANDOFF_WORK_S = 0.001
+ASYNC_TASKS = 50
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long each phase runs (seconds) and how many interleaved rounds it has."""
+
+    rounds: int
+    batch_s: float
+    redlock_rounds: int
+    redlock_batch_s: float
+    handoff_s: float
+    async_rounds: int
+    async_batch_s: float
+    warmup_ops: int
+
+
+FULL = Plan(
+    rounds=10,
+    batch_s=0.25,
+    redlock_rounds=8,
+    redlock_batch_s=0.25,
+    handoff_s=4.0,
+    async_rounds=6,
+    async_batch_s=0.4,
+    warmup_ops=300,
+)
+QUICK = Plan(
+    rounds=4,
+    batch_s=0.06,
+    redlock_rounds=3,
+    redlock_batch_s=0.06,
+    handoff_s=1.0,
+    async_rounds=3,
+    async_batch_s=0.1,
+    warmup_ops=50,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+@dataclass
+class Batch:
+    """One timed batch: operation count, wall seconds, CPU seconds, per-op latencies (s)."""
+
+    ops: int
+    wall_s: float
+    cpu_s: float
+    latencies: list[float]
+
+    @property
+    def ops_per_s(self) -> float:
+        return _ratio(self.ops, self.wall_s)
+
+    @property
+    def cpu_us_per_op(self) -> float:
+        return _ratio(self.cpu_s * 1e6, self.ops)
+
+
+def _timed(op: Callable[[], object], duration_s: float) -> Batch:
+    """Run ``op`` back to back for ``duration_s`` seconds (at least once)."""
+    clock = time.perf_counter
+    latencies: list[float] = []
+    cpu0 = time.process_time()
+    start = clock()
+    end = start + duration_s
+    now = start
+    while True:
+        op()
+        after = clock()
+        latencies.append(after - now)
+        now = after
+        if now >= end:
+            break
+    return Batch(len(latencies), now - start, time.process_time() - cpu0, latencies)
+
+
+def _admin(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S
+    )
+
+
+def _progress(enabled: bool, text: str) -> None:
+    if enabled:
+        print(f"fencelock bench: {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# single
+# ---------------------------------------------------------------------------------------------
+
+
+class _RawLock:
+    """The raw redis-py baseline on ONE connection: SET NX PX, then EVALSHA compare-and-delete."""
+
+    def __init__(self, url: str, key: str) -> None:
+        self.client = redis.Redis.from_url(
+            url,
+            single_connection_client=True,
+            socket_timeout=CALL_TIMEOUT_S,
+            socket_connect_timeout=CALL_TIMEOUT_S,
+        )
+        self.key = key
+        self.sha = str(self.client.script_load(BASELINE_RELEASE))
+
+    def cycle(self) -> None:
+        token = secrets.token_hex(20)
+        if not self.client.set(self.key, token, nx=True, px=BASELINE_TTL_MS):
+            raise RuntimeError(f"baseline key {self.key!r} unexpectedly held")
+        self.client.evalsha(self.sha, 1, self.key, token)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _bench_single(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
+    from . import Lock
+
+    lock = Lock(url, f"{prefix}single", ttl=LOCK_TTL_S)
+    raw = _RawLock(url, f"{prefix}raw:single")
+
+    def ours() -> None:
+        lock.acquire(wait=0).release()
+
+    try:
+        for _ in range(plan.warmup_ops):
+            ours()
+            raw.cycle()
+        mine: list[Batch] = []
+        base: list[Batch] = []
+        for index in range(plan.rounds):
+            # alternate which goes first so neither always follows the other
+            if index % 2 == 0:
+                mine.append(_timed(ours, plan.batch_s))
+                base.append(_timed(raw.cycle, plan.batch_s))
+            else:
+                base.append(_timed(raw.cycle, plan.batch_s))
+                mine.append(_timed(ours, plan.batch_s))
+    finally:
+        lock.close()
+        raw.close()
+    ops = _median([b.ops_per_s for b in mine])
+    base_ops = _median([b.ops_per_s for b in base])
+    lat = [x for b in mine for x in b.latencies]
+    base_lat = [x for b in base for x in b.latencies]
+    return {
+        "ops_per_s": ops,
+        "p50_us": _pct(lat, 0.50) * 1e6,
+        "p99_us": _pct(lat, 0.99) * 1e6,
+        "baseline_ops_per_s": base_ops,
+        "ratio_to_baseline": _ratio(ops, base_ops),
+        "baseline_p50_us": _pct(base_lat, 0.50) * 1e6,
+        "baseline_p99_us": _pct(base_lat, 0.99) * 1e6,
+        "round_ratios": [_ratio(m.ops_per_s, b.ops_per_s) for m, b in zip(mine, base, strict=True)],
+        "cpu_us_per_op": _median([b.cpu_us_per_op for b in mine]),
+        "baseline_cpu_us_per_op": _median([b.cpu_us_per_op for b in base]),
+        "rounds": plan.rounds,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# redlock
+# ---------------------------------------------------------------------------------------------
+
+
+def _bench_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> dict[str, Any]:
+    from . import Lock
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 2 servers given by the user: measured as given
+        multi = Lock(list(urls), f"{prefix}redlock", ttl=LOCK_TTL_S)
+    single = Lock(urls[0], f"{prefix}redlock-single", ttl=LOCK_TTL_S)
+
+    def many() -> None:
+        multi.acquire(wait=0).release()
+
+    def one() -> None:
+        single.acquire(wait=0).release()
+
+    try:
+        for _ in range(max(10, plan.warmup_ops // 3)):
+            many()
+            one()
+        multi_batches: list[Batch] = []
+        single_batches: list[Batch] = []
+        for index in range(plan.redlock_rounds):
+            first, second = (many, one) if index % 2 == 0 else (one, many)
+            for op in (first, second):
+                batch = _timed(op, plan.redlock_batch_s)
+                (multi_batches if op is many else single_batches).append(batch)
+    finally:
+        multi.close()
+        single.close()
+    lat = [x for b in multi_batches for x in b.latencies]
+    single_lat = [x for b in single_batches for x in b.latencies]
+    p50 = _pct(lat, 0.50) * 1e6
+    single_p50 = _pct(single_lat, 0.50) * 1e6
+    return {
+        "servers": len(urls),
+        "p50_us": p50,
+        "p99_us": _pct(lat, 0.99) * 1e6,
+        "single_p50_us": single_p50,
+        "ratio_p50_to_single": _ratio(p50, single_p50),
+        "ops_per_s": _median([b.ops_per_s for b in multi_batches]),
+        "cpu_us_per_op": _median([b.cpu_us_per_op for b in multi_batches]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# handoff
+# ---------------------------------------------------------------------------------------------
+
+# one record per acquisition: (called acquire, got the lease, release returned), monotonic s
+Record = tuple[float, float, float]
+
+
+def _handoff_loop(url: str, key: str, start_at: float, duration_s: float) -> list[Record]:
+    """One worker: acquire (waiting) -> ~1 ms of work -> release, until the time is up."""
+    from . import Lock
+
+    lock = Lock(url, key, ttl=LOCK_TTL_S, wait=10.0)
+    records: list[Record] = []
+    try:
+        delay = start_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        end = start_at + duration_s
+        while time.monotonic() < end:
+            called = time.monotonic()
+            lease = lock.acquire()
+            got = time.monotonic()
+            time.sleep(HANDOFF_WORK_S)
+            lease.release()
+            records.append((called, got, time.monotonic()))
+    finally:
+        lock.close()
+    return records
+
+
+def _handoff_process(url: str, key: str, ready: Any, go: Any, out: Any, duration_s: float) -> None:
+    """Process entry point: warm up, report ready, wait for the common start time, run."""
+    from . import Lock
+
+    warm = Lock(url, key + ":warm", ttl=LOCK_TTL_S)
+    warm.acquire(wait=1.0).release()
+    warm.close()
+    ready.put(os.getpid())
+    start_at = go.get(timeout=60.0)
+    out.put(_handoff_loop(url, key, start_at, duration_s))
+
+
+def _handoff_threads(url: str, key: str, duration_s: float) -> list[list[Record]]:
+    results: list[list[Record]] = [[] for _ in range(HANDOFF_WORKERS)]
+    errors: list[BaseException] = []
+    start_at = time.monotonic() + 0.2
+
+    def work(index: int) -> None:
+        try:
+            results[index] = _handoff_loop(url, key, start_at, duration_s)
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=work, args=(i,), name=f"bench-handoff-{i}")
+        for i in range(HANDOFF_WORKERS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=duration_s + 30.0)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _handoff_processes(url: str, key: str, duration_s: float) -> list[list[Record]]:
+    ctx = multiprocessing.get_context("spawn")
+    ready: Any = ctx.Queue()
+    go: Any = ctx.Queue()
+    out: Any = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_handoff_process,
+            args=(url, key, ready, go, out, duration_s),
+            name=f"bench-handoff-{i}",
+            daemon=True,
+        )
+        for i in range(HANDOFF_WORKERS)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=60.0)
+        start_at = time.monotonic() + 0.2  # CLOCK_MONOTONIC is shared by the processes
+        for _ in procs:
+            go.put(start_at)
+        results = [out.get(timeout=duration_s + 60.0) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5.0)
+    return [list(r) for r in results]
+
+
+def _handoff_figures(per_worker: list[list[Record]], duration_s: float) -> dict[str, Any]:
+    merged = sorted(
+        ((rec, worker) for worker, recs in enumerate(per_worker) for rec in recs),
+        key=lambda item: item[0][1],
+    )
+    waits = [rec[1] - rec[0] for rec, _ in merged]
+    counts = [len(recs) for recs in per_worker]
+    gaps: list[float] = []
+    same = 0
+    for (prev, pw), (nxt, nw) in itertools.pairwise(merged):
+        if pw == nw:
+            same += 1
+        else:
+            gaps.append(nxt[1] - prev[2])
+    median_wait = _median(waits)
+    mean_count = _ratio(sum(counts), len(counts))
+    return {
+        "workers": len(per_worker),
+        "p50_us": _pct(waits, 0.50) * 1e6,
+        "p99_us": _pct(waits, 0.99) * 1e6,
+        "acquisitions_per_s": _ratio(len(merged), duration_s),
+        "max_wait_ratio": _ratio(max(waits, default=0.0), median_wait),
+        "max_wait_us": max(waits, default=0.0) * 1e6,
+        "per_worker": counts,
+        "min_worker_share": _ratio(min(counts, default=0), mean_count),
+        "same_worker_again": _ratio(same, max(1, len(merged) - 1)),
+        "handoff_gap_p50_us": _median(gaps) * 1e6,
+    }
+
+
+def _bench_handoff(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
+    procs = _handoff_figures(
+        _handoff_processes(url, f"{prefix}handoff:p", plan.handoff_s), plan.handoff_s
+    )
+    threads = _handoff_figures(
+        _handoff_threads(url, f"{prefix}handoff:t", plan.handoff_s), plan.handoff_s
+    )
+    return {**procs, "mode": "processes", "threads": threads, "work_ms": HANDOFF_WORK_S * 1e3}
+
+
+# ---------------------------------------------------------------------------------------------
+# async
+# ---------------------------------------------------------------------------------------------
+
+
+async def _async_batches(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
+    from .asyncio import Lock as AsyncLock
+
+    locks = [AsyncLock(url, f"{prefix}async:{i}", ttl=LOCK_TTL_S) for i in range(ASYNC_TASKS)]
+    raw = aredis.Redis.from_url(
+        url, socket_timeout=CALL_TIMEOUT_S, socket_connect_timeout=CALL_TIMEOUT_S
+    )
+    sha = str(await raw.script_load(BASELINE_RELEASE))
+    raw_keys = [f"{prefix}raw:async:{i}" for i in range(ASYNC_TASKS)]
+
+    async def ours_task(index: int, end: float) -> int:
+        lock = locks[index]
+        count = 0
+        while True:
+            lease = await lock.acquire(wait=0)
+            await lease.release()
+            count += 1
+            if time.perf_counter() >= end:
+                return count
+
+    async def raw_task(index: int, end: float) -> int:
+        key = raw_keys[index]
+        count = 0
+        while True:
+            token = secrets.token_hex(20)
+            if not await raw.set(key, token, nx=True, px=BASELINE_TTL_MS):
+                raise RuntimeError(f"baseline key {key!r} unexpectedly held")
+            await raw.evalsha(sha, 1, key, token)
+            count += 1
+            if time.perf_counter() >= end:
+                return count
+
+    async def batch(task: Callable[[int, float], Any], duration_s: float) -> Batch:
+        cpu0 = time.process_time()
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(task(i, start + duration_s) for i in range(ASYNC_TASKS)))
+        wall = time.perf_counter() - start
+        return Batch(sum(counts), wall, time.process_time() - cpu0, [])
+
+    try:
+        await batch(ours_task, min(0.1, plan.async_batch_s))  # connections, scripts
+        await batch(raw_task, min(0.1, plan.async_batch_s))
+        mine: list[Batch] = []
+        base: list[Batch] = []
+        for index in range(plan.async_rounds):
+            if index % 2 == 0:
+                mine.append(await batch(ours_task, plan.async_batch_s))
+                base.append(await batch(raw_task, plan.async_batch_s))
+            else:
+                base.append(await batch(raw_task, plan.async_batch_s))
+                mine.append(await batch(ours_task, plan.async_batch_s))
+    finally:
+        for lock in locks:
+            await lock.aclose()
+        await raw.aclose()
+    ops = _median([b.ops_per_s for b in mine])
+    base_ops = _median([b.ops_per_s for b in base])
+    return {
+        "tasks": ASYNC_TASKS,
+        "ops_per_s": ops,
+        "baseline_ops_per_s": base_ops,
+        "ratio_to_baseline": _ratio(ops, base_ops),
+        "cpu_us_per_op": _median([b.cpu_us_per_op for b in mine]),
+        "baseline_cpu_us_per_op": _median([b.cpu_us_per_op for b in base]),
+    }
+
+
+def _bench_async(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
+    return asyncio.run(_async_batches(url, prefix, plan))
+
+
+# ---------------------------------------------------------------------------------------------
+# server memory and leftovers
+# ---------------------------------------------------------------------------------------------
+
+
+def _lock_key_names(name: str) -> list[str]:
+    return list(lock_keys(name).script_keys)
+
+
+def _memory(url: str, prefix: str) -> dict[str, Any]:
+    """Bytes the server spends per held lock, and what a release leaves behind."""
+    from . import Lock
+
+    name = f"{prefix}memory"
+    keys = _lock_key_names(name)
+    fence_key = lock_keys(name).fence
+    admin = _admin(url)
+    lock = Lock(url, name, ttl=LOCK_TTL_S)
+    try:
+        lease = lock.acquire(wait=1.0)
+        held: dict[str, int] = {}
+        for key in keys:
+            usage = admin.memory_usage(key, samples=0)
+            if usage is not None:
+                held[key.rsplit("}", 1)[-1] or "lock"] = int(usage)
+        lease.release()
+        left = [k for k in keys if admin.exists(k)]
+        garbage = [k for k in left if k != fence_key]
+        fence_bytes = admin.memory_usage(fence_key, samples=0) if fence_key in left else 0
+    finally:
+        lock.close()
+        admin.close()
+    return {
+        "bytes_per_held_lock": sum(held.values()),
+        "bytes_by_key": held,
+        "bytes_after_release": int(fence_bytes or 0),
+        "keys_after_release": [k.rsplit("}", 1)[-1] or "lock" for k in left],
+        "garbage_after_release": len(garbage),
+    }
+
+
+def _persistent_garbage(url: str, prefix: str) -> list[str]:
+    """Bench lock keys with no TTL other than fence registers (after every phase)."""
+    admin = _admin(url)
+    try:
+        found = []
+        pattern = "fencelock:{" + prefix + "*"
+        for raw_key in admin.scan_iter(match=pattern, count=1000):
+            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+            if key.endswith(":fence"):
+                continue
+            if int(admin.pttl(key)) == -1:
+                found.append(key)
+        return found
+    finally:
+        admin.close()
+
+
+def _cleanup(urls: Sequence[str], prefix: str) -> None:
+    """Remove this run's keys from a user's servers (embedded servers are simply stopped)."""
+    for url in urls:
+        admin = _admin(url)
+        try:
+            for pattern in ("fencelock:{" + prefix + "*", prefix + "*"):
+                batch = list(admin.scan_iter(match=pattern, count=1000))
+                if batch:
+                    admin.delete(*batch)
+        finally:
+            admin.close()
+
+
+def _environment(url: str) -> dict[str, Any]:
+    admin = _admin(url)
+    try:
+        info: dict[str, Any] = admin.info("server")
+    finally:
+        admin.close()
+    engine = (
+        "valkey" if "valkey_version" in info or info.get("server_name") == "valkey" else "redis"
+    )
+    try:
+        import hiredis
+
+        hiredis_version = str(getattr(hiredis, "__version__", "yes"))
+    except ImportError:
+        hiredis_version = "not installed"
+    return {
+        "python": platform.python_version(),
+        "redis_py": redis.__version__,
+        "hiredis": hiredis_version,
+        "engine": engine,
+        "server_version": str(info.get("valkey_version") or info.get("redis_version", "?")),
+        "cpus": os.cpu_count() or 0,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------------
+
+
+def _human(result: dict[str, Any]) -> str:
+    s, r, h, a, m, e = (
+        result["single"],
+        result["redlock"],
+        result["handoff"],
+        result["async"],
+        result["memory"],
+        result["env"],
+    )
+    t = h["threads"]
+    lines = [
+        f"fencelock bench — {e['engine']} {e['server_version']}, Python {e['python']}, "
+        f"redis-py {e['redis_py']}, hiredis {e['hiredis']}, {e['cpus']} CPUs"
+        + (" (quick)" if result["quick"] else ""),
+        "",
+        f"{'case':<34}{'ours':>14}{'baseline':>14}{'ratio':>9}",
+        "-" * 71,
+        f"{'single: acquire+release ops/s':<34}{s['ops_per_s']:>14,.0f}"
+        f"{s['baseline_ops_per_s']:>14,.0f}{s['ratio_to_baseline']:>9.2f}",
+        f"{'single: p50 / p99 us':<34}{s['p50_us']:>7.0f} /{s['p99_us']:>5.0f}"
+        f"{s['baseline_p50_us']:>7.0f} /{s['baseline_p99_us']:>5.0f}",
+        f"{'single: client CPU us/op':<34}{s['cpu_us_per_op']:>14.1f}"
+        f"{s['baseline_cpu_us_per_op']:>14.1f}"
+        f"{_ratio(s['cpu_us_per_op'], s['baseline_cpu_us_per_op']):>9.2f}",
+        f"{'async x' + str(a['tasks']) + ' tasks: ops/s':<34}{a['ops_per_s']:>14,.0f}"
+        f"{a['baseline_ops_per_s']:>14,.0f}{a['ratio_to_baseline']:>9.2f}",
+        f"{'async: client CPU us/op':<34}{a['cpu_us_per_op']:>14.1f}"
+        f"{a['baseline_cpu_us_per_op']:>14.1f}"
+        f"{_ratio(a['cpu_us_per_op'], a['baseline_cpu_us_per_op']):>9.2f}",
+        "",
+        f"{'redlock over ' + str(r['servers']) + ' servers':<34}{'p50 us':>14}{'p99 us':>14}"
+        f"{'x single':>9}",
+        "-" * 71,
+        f"{'acquire+release':<34}{r['p50_us']:>14.0f}{r['p99_us']:>14.0f}"
+        f"{r['ratio_p50_to_single']:>9.2f}",
+        f"{'one server (same run)':<34}{r['single_p50_us']:>14.0f}{'':>14}{1.0:>9.2f}",
+        "",
+        f"{'hand-off, ' + str(h['workers']) + ' workers, 1 key':<34}{'processes':>14}"
+        f"{'threads':>14}",
+        "-" * 71,
+    ]
+    rows = [
+        ("acquisitions/s", "acquisitions_per_s", "{:,.0f}"),
+        ("wait p50 us", "p50_us", "{:,.0f}"),
+        ("wait p99 us", "p99_us", "{:,.0f}"),
+        ("max wait / median wait", "max_wait_ratio", "{:.2f}"),
+        ("release -> other's lease p50 us", "handoff_gap_p50_us", "{:,.0f}"),
+        ("same worker twice in a row", "same_worker_again", "{:.1%}"),
+        ("least served worker / mean", "min_worker_share", "{:.2f}"),
+    ]
+    for label, field, fmt in rows:
+        lines.append(f"{label:<34}{fmt.format(h[field]):>14}{fmt.format(t[field]):>14}")
+    lines.append(f"{'per worker (processes)':<34}{' '.join(str(c) for c in h['per_worker'])}")
+    lines.append(f"{'per worker (threads)':<34}{' '.join(str(c) for c in t['per_worker'])}")
+    by_key = ", ".join(f"{k} {v} B" for k, v in m["bytes_by_key"].items())
+    lines += [
+        "",
+        f"server memory per held lock: {m['bytes_per_held_lock']} B ({by_key})",
+        f"after release: {', '.join(m['keys_after_release']) or 'nothing'} "
+        f"({m['bytes_after_release']} B); garbage keys: {m['garbage_after_release']}; "
+        f"keys without TTL besides fence registers after all phases: "
+        f"{len(result['garbage_keys'])}",
+        f"took {result['duration_s']:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _is_quick(quick: bool | None) -> bool:
+    if quick is not None:
+        return quick
+    return os.environ.get(QUICK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def measure(
+    servers: Sequence[str], *, quick: bool | None = None, progress: bool = False
+) -> dict[str, Any]:
+    """Run every case and return the result dict (the ``--json`` object plus extra fields).
+
+    ``servers``: URLs to measure (the first serves the one-server cases; all of them the
+    Redlock case when there are at least 3); empty: 5 embedded servers are started and stopped.
+    Raises :class:`~fencelock.ConfigError` for a malformed URL (before any I/O),
+    :class:`fencelock.servers.ServerError` when embedded servers cannot start, and redis-py's
+    errors when a server does not answer.
+    """
+    from .options import check_url
+
+    urls = [check_url(u) for u in servers]
+    plan = QUICK if _is_quick(quick) else FULL
+    prefix = f"fencelock-bench:{secrets.token_hex(4)}:"
+    started = time.monotonic()
+    group = None
+    if not urls:
+        from .servers import ServerGroup
+
+        _progress(progress, "starting 5 embedded servers")
+        group = ServerGroup(5).start()
+        urls = group.urls
+    try:
+        single_url = urls[0]
+        redlock_urls = urls if len(urls) >= 3 else urls[: len(urls)]
+        env = _environment(single_url)
+        _progress(progress, "single server vs raw redis-py")
+        single = _bench_single(single_url, prefix, plan)
+        _progress(progress, f"redlock over {len(redlock_urls)} servers")
+        red = _bench_redlock(redlock_urls, prefix, plan)
+        _progress(progress, f"hand-off, {HANDOFF_WORKERS} processes then threads")
+        handoff = _bench_handoff(single_url, prefix, plan)
+        _progress(progress, f"asyncio, {ASYNC_TASKS} tasks vs raw redis.asyncio")
+        asynch = _bench_async(single_url, prefix, plan)
+        memory = _memory(single_url, prefix)
+        garbage = _persistent_garbage(single_url, prefix)
+    finally:
+        if group is not None:
+            group.stop()
+        else:
+            _cleanup(urls, prefix)
+    return {
+        "single": single,
+        "redlock": red,
+        "handoff": handoff,
+        "async": asynch,
+        "memory": memory,
+        "garbage_keys": garbage,
+        "env": env,
+        "quick": plan is QUICK,
+        "duration_s": time.monotonic() - started,
+    }
+
+
+def run(servers: list[str], json_output: bool = False, *, quick: bool | None = None) -> int:
+    """``fencelock bench``: print the results (a table, or one JSON object) and return 0.
+
+    ``quick`` (default: ``$FENCELOCK_BENCH_QUICK``) makes a short run for CI smoke tests.
+    Raises like :func:`measure`.
+    """
+    result = measure(servers, quick=quick, progress=not json_output)
+    if json_output:
+        print(json.dumps(result, separators=(",", ":")))
+    else:
+        print(_human(result))
+    return 0

@@ -1,0 +1,71 @@
+"""``fencelock bench --json`` in quick mode: the contract's fields exist and are positive numbers.
+
+Speeds are never asserted (the machine is shared and noisy); only that every figure was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fencelock import bench
+
+FIELDS = {
+    "single": ("ops_per_s", "p50_us", "p99_us", "baseline_ops_per_s", "ratio_to_baseline"),
+    "redlock": ("servers", "p50_us", "p99_us", "single_p50_us", "ratio_p50_to_single"),
+    "handoff": ("workers", "p50_us", "p99_us", "acquisitions_per_s", "max_wait_ratio"),
+    "async": ("tasks", "ops_per_s", "baseline_ops_per_s", "ratio_to_baseline"),
+}
+
+
+def _positive_number(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def test_bench_json_has_every_field_as_a_positive_number(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(bench.QUICK_ENV, "1")
+    assert bench.run([], json_output=True) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1, "exactly one JSON object on stdout"
+    result = json.loads(out)
+    assert result["quick"] is True
+    for section, fields in FIELDS.items():
+        for field in fields:
+            assert _positive_number(result[section][field]), (section, field, result[section])
+    assert result["redlock"]["servers"] == 5
+    assert result["handoff"]["workers"] == 8
+    assert result["async"]["tasks"] == 50
+    # every worker got the lock at least once, and a release leaves only the fence register
+    assert all(count > 0 for count in result["handoff"]["per_worker"])
+    assert result["memory"]["bytes_per_held_lock"] > 0
+    assert result["memory"]["garbage_after_release"] == 0
+    assert result["garbage_keys"] == []
+
+
+def test_bench_against_given_servers_leaves_no_keys(
+    fencelock_server: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url: str = fencelock_server.url  # type: ignore[attr-defined]
+    assert bench.run([url], json_output=True, quick=True) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["redlock"]["servers"] == 1
+    for field in FIELDS["redlock"]:
+        assert _positive_number(result["redlock"][field]), field
+    client = fencelock_server.client()  # type: ignore[attr-defined]
+    assert client.dbsize() == 0, "the bench removes its keys from a user's server"
+
+
+def test_bench_rejects_a_bad_url_before_any_io() -> None:
+    from fencelock import ConfigError
+
+    with pytest.raises(ConfigError):
+        bench.run(["http://nowhere"], json_output=True, quick=True)
