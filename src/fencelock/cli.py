@@ -1,0 +1,824 @@
+"""The ``fencelock`` command (also ``python -m fencelock``): a thin shell over the public API.
+
+``main(argv) -> int`` parses the command line and maps exceptions to exit codes through one
+table (:data:`EXIT_CODES`). Subcommands: ``run`` (a distributed ``flock(1)``), ``status``,
+``release``, and the lazily imported ``demo``, ``chaos`` and ``bench``.
+
+Exit codes (``sysexits.h`` where one fits):
+
+- 0 success; for ``run``: the child's own code (128 + N when the child died of signal N);
+- 64 usage error (bad flag, bad value, malformed URL); 69 servers unavailable;
+- 72 the lease was lost while the command ran (or was not held by the token given);
+- 75 not acquired in time (``run --conflict-exit-code`` changes it).
+
+Servers: repeated ``--server URL``, else ``$FENCELOCK_SERVERS`` (comma-separated), else
+``redis://127.0.0.1:6379/0`` for ``run``, ``status`` and ``release`` (``bench`` starts an
+embedded server instead). No password from a URL is ever printed or logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, NoReturn
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from . import ConfigError, FencelockError, Lease, Lock, LockLost, NotAcquired, Unavailable
+from ._core.keys import LockKeys, lock_keys
+from ._scripts import RELEASE
+from ._servers_spec import describe
+from ._sync.node import Node
+from .options import check_key, check_url, seconds
+
+log = logging.getLogger("fencelock.cli")
+
+PROG = "fencelock"
+ENV_SERVERS = "FENCELOCK_SERVERS"
+DEFAULT_SERVER = "redis://127.0.0.1:6379/0"
+
+EX_OK = 0
+EX_USAGE = 64
+EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+EX_LOST = 72
+EX_TEMPFAIL = 75
+
+#: The one table from exceptions to exit codes; the first matching class wins.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (ConfigError, EX_USAGE),
+    (NotAcquired, EX_TEMPFAIL),
+    (Unavailable, EX_UNAVAILABLE),
+    (LockLost, EX_LOST),
+)
+
+#: Seconds ``fencelock run`` waits between looks at the child, the lost event and signals.
+POLL_INTERVAL = 0.05
+#: Seconds between SIGTERM and SIGKILL after a loss, unless ``--grace`` says otherwise.
+DEFAULT_GRACE = 5.0
+#: Per-server timeout (seconds) of the plain commands of ``status`` and ``release``.
+ADMIN_TIMEOUT = 1.0
+#: Release arguments: hand-off window and wake-signal lifetime in ms (the library defaults).
+RELEASE_TAIL = (50, 5000)
+#: ``release --force`` retries this many times when the lock changes hands under it.
+FORCE_ATTEMPTS = 3
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code for an exception, from :data:`EXIT_CODES` (70 if none matches)."""
+    for kind, code in EXIT_CODES:
+        if isinstance(exc, kind):
+            return code
+    return EX_SOFTWARE
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _say(prog: str, message: str) -> None:
+    print(f"{prog}: {_one_line(message)}", file=sys.stderr, flush=True)
+
+
+# -- argument parsing -----------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors as one stderr line and exit status 64 (``--help`` stays 0)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EX_USAGE, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _duration(name: str, *, allow_zero: bool, allow_inf: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        try:
+            return seconds(value, "value", allow_zero=allow_zero, allow_inf=allow_inf)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def _int_in(name: str, low: int, high: int | None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"value must be {bound}, got {value}")
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+def _server_url(text: str) -> str:
+    try:
+        return check_url(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fault_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("at least one fault name is needed")
+    return names
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr: -v INFO, -vv DEBUG (default: WARNING)",
+    )
+
+
+def _add_servers(parser: argparse.ArgumentParser, default_text: str) -> None:
+    parser.add_argument(
+        "--server",
+        dest="servers",
+        action="append",
+        type=_server_url,
+        default=[],
+        metavar="URL",
+        help=f"a server URL, repeat for Redlock (else ${ENV_SERVERS}, else {default_text})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command-line parser (every subcommand of DESIGN.md)."""
+    parser = _Parser(
+        prog=PROG,
+        description="Distributed locks with fencing tokens on Redis and Valkey.",
+        epilog="exit codes: 64 usage, 69 servers unavailable, 72 lease lost, "
+        "75 not acquired in time; run: otherwise the command's own code",
+    )
+    parser.add_argument(
+        "-v", "--verbose", dest="verbose_top", action="count", default=0, help=argparse.SUPPRESS
+    )
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run a command while holding the lock (a distributed flock)",
+        description="Acquire the lock, run CMD holding it (renewed in the background), release "
+        "it when CMD ends. CMD gets FENCELOCK_FENCE, FENCELOCK_TOKEN and FENCELOCK_KEY. If the "
+        "lease is lost, CMD gets SIGTERM, then SIGKILL after --grace seconds, and the exit "
+        "status is 72.",
+        usage="%(prog)s --key K [options] -- CMD [ARGS...]",
+    )
+    run.add_argument("--key", required=True, help="the lock name")
+    run.add_argument(
+        "--ttl",
+        type=_duration("--ttl", allow_zero=False),
+        default=None,
+        help="lease length in seconds, renewed every ttl/3 (default: 30)",
+    )
+    waiting = run.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        type=_duration("--wait", allow_zero=True, allow_inf=True),
+        default=None,
+        help="seconds to wait for the lock; 'inf' waits forever (default: 10)",
+    )
+    waiting.add_argument(
+        "-n", "--nonblock", action="store_true", help="one attempt only (same as --wait 0)"
+    )
+    run.add_argument(
+        "--conflict-exit-code",
+        type=_int_in("--conflict-exit-code", 0, 255),
+        default=EX_TEMPFAIL,
+        metavar="N",
+        help="exit status when the lock is not acquired in time (default: 75)",
+    )
+    run.add_argument(
+        "--grace",
+        type=_duration("--grace", allow_zero=True),
+        default=DEFAULT_GRACE,
+        help="seconds between SIGTERM and SIGKILL after the lease is lost (default: 5)",
+    )
+    run.add_argument("--purpose", default=None, help="text shown by 'fencelock status'")
+    _add_servers(run, DEFAULT_SERVER)
+    _add_common(run)
+    run.set_defaults(handler=_cmd_run)
+
+    status = sub.add_parser(
+        "status",
+        help="who holds a lock, validity left per server, current fence",
+        description="Read the lock's keys on every server (plain reads, nothing changes).",
+    )
+    status.add_argument("--key", required=True, help="the lock name")
+    _add_servers(status, DEFAULT_SERVER)
+    status.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_common(status)
+    status.set_defaults(handler=_cmd_status)
+
+    release = sub.add_parser(
+        "release",
+        help="free a stuck lock (by its token, or --force)",
+        description="Compare-and-delete the lock on every server when it still holds TOKEN "
+        "(exit 0 when released on a majority, 72 when not held by that token). --force "
+        "deletes it whatever the token, and says on stderr what it removed.",
+    )
+    release.add_argument("--key", required=True, help="the lock name")
+    which = release.add_mutually_exclusive_group(required=True)
+    which.add_argument("--token", help="the holder's full token (FENCELOCK_TOKEN)")
+    which.add_argument(
+        "--force", action="store_true", help="delete the lock whoever holds it (loudly)"
+    )
+    _add_servers(release, DEFAULT_SERVER)
+    _add_common(release)
+    release.set_defaults(handler=_cmd_release)
+
+    demo = sub.add_parser(
+        "demo",
+        help="show the classic failures, unprotected vs protected (embedded server)",
+        description="Start an embedded server and show each failure, unprotected vs protected.",
+    )
+    demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_common(demo)
+    demo.set_defaults(handler=_cmd_demo)
+
+    chaos = sub.add_parser(
+        "chaos",
+        help="fault-injection run on embedded servers",
+        description="Run workers against embedded servers while injecting faults; exit 1 on a "
+        "safety violation.",
+    )
+    chaos.add_argument(
+        "--servers", type=_int_in("--servers", 1, None), default=5, help="default: 5"
+    )
+    chaos.add_argument(
+        "--workers", type=_int_in("--workers", 1, None), default=5, help="default: 5"
+    )
+    chaos.add_argument(
+        "--duration",
+        type=_duration("--duration", allow_zero=False),
+        default=30.0,
+        help="seconds (default: 30)",
+    )
+    chaos.add_argument(
+        "--faults",
+        type=_fault_list,
+        default=None,
+        metavar="LIST",
+        help="comma-separated fault names (default: all)",
+    )
+    chaos.add_argument(
+        "--seed", type=_int_in("--seed", 0, None), default=None, help="default: random"
+    )
+    chaos.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_common(chaos)
+    chaos.set_defaults(handler=_cmd_chaos)
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure this library against raw redis-py",
+        description="Measure fencelock against a raw redis-py baseline in the same run.",
+    )
+    _add_servers(bench, "an embedded server")
+    bench.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_common(bench)
+    bench.set_defaults(handler=_cmd_bench)
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split at the first ``--``: (options, command) — ``None`` when there is no ``--``.
+
+    Done before argparse because its handling of ``--`` differs between Python versions.
+    """
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse a command line; usage errors exit 64 (SystemExit) with one stderr line."""
+    parser = build_parser()
+    options, command = _split_command(list(argv))
+    args, extra = parser.parse_known_args(options)
+    name = args.command_name
+    if name is None:
+        parser.error("a command is needed: run, status, release, demo, chaos or bench")
+    sub = _subparser(parser, name)
+    if extra:
+        hint = " (put the command after '--')" if name == "run" else ""
+        sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    if name == "run":
+        if not command:
+            sub.error("a command is needed after '--': fencelock run --key K -- CMD [ARGS...]")
+        args.command = command
+    elif command is not None:
+        sub.error(f"unexpected '--' and arguments: {' '.join(command)}")
+    args.verbose = args.verbose + args.verbose_top
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    raise AssertionError("no subparsers")  # pragma: no cover
+
+
+def resolve_servers(given: Sequence[str], default: Sequence[str]) -> list[str]:
+    """``--server`` URLs, else ``$FENCELOCK_SERVERS`` (comma-separated), else ``default``.
+
+    Raises :class:`ConfigError` for a malformed URL in the environment variable.
+    """
+    if given:
+        return list(given)
+    env = os.environ.get(ENV_SERVERS, "").strip()
+    if env:
+        urls = [part.strip() for part in env.split(",") if part.strip()]
+        try:
+            return [check_url(url) for url in urls]
+        except ConfigError as exc:
+            raise ConfigError(f"${ENV_SERVERS}: {exc}") from None
+    return list(default)
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="fencelock: %(levelname)s %(name)s: %(message)s"
+    )
+
+
+# -- run ------------------------------------------------------------------------------------------
+
+
+class _Interrupted(BaseException):
+    """A SIGINT/SIGTERM arrived while no child was running yet (a BaseException, like
+    KeyboardInterrupt, so the library's ``except Exception`` blocks let it through)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass
+class _RunState:
+    """What the signal handler shares with the supervising loop (both on the main thread)."""
+
+    forwarding: bool = False  # False: raise _Interrupted; True: queue the signal for the child
+    pending: list[int] = field(default_factory=list)
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        if not self.forwarding:
+            raise _Interrupted(signum)
+        self.pending.append(signum)
+
+
+def _child_exit_code(returncode: int) -> int:
+    """A shell's view: a child killed by signal N gives 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    prog = f"{PROG} run"
+    servers = resolve_servers(args.servers, [DEFAULT_SERVER])
+    lock_kwargs: dict[str, Any] = {"purpose": args.purpose}
+    if args.ttl is not None:
+        lock_kwargs["ttl"] = args.ttl
+    lock = Lock(servers, args.key, **lock_kwargs)  # ConfigError (64) before any I/O
+    state = _RunState()
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, state.handler) for sig in watched}
+    try:
+        return _run_locked(prog, lock, args, state)
+    except _Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        _say(prog, f"interrupted by {name} before the command started")
+        return 128 + exc.signum
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        lock.close()
+
+
+def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunState) -> int:
+    wait = 0.0 if args.nonblock else args.wait
+    try:
+        lease = lock.acquire() if wait is None else lock.acquire(wait)
+    except NotAcquired as exc:
+        _say(prog, f"not acquired: {exc}")
+        return int(args.conflict_exit_code)
+    state.forwarding = True  # from here on, signals are queued for the child, never raised
+    log.info("acquired %r fence=%d token=%s…", lock.key, lease.fence, lease.token[:8])
+    if state.pending:
+        _release(prog, lease)
+        sig = state.pending[0]
+        _say(prog, f"interrupted by {signal.Signals(sig).name} before the command started")
+        return 128 + sig
+    env = dict(os.environ)
+    env.update(
+        FENCELOCK_FENCE=str(lease.fence), FENCELOCK_TOKEN=lease.token, FENCELOCK_KEY=lock.key
+    )
+    try:
+        child = subprocess.Popen(args.command, env=env)
+    except OSError as exc:
+        _release(prog, lease)
+        _say(prog, f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
+        return 126 if isinstance(exc, PermissionError) else 127
+    lost = threading.Event()
+    lease.on_lost(lambda _lease: lost.set())
+    try:
+        lease.keep_alive()
+    except LockLost:
+        lost.set()  # expired already (a very short ttl): the child is stopped below
+    returncode = _supervise(prog, child, lease, lost, state, args.grace)
+    released_ok = _release(prog, lease)
+    if lost.is_set() or not released_ok:
+        reason = lease.lost_reason or "it had expired or been taken when the command ended"
+        _say(
+            prog,
+            f"lease on {lock.key!r} lost while the command ran ({reason}); "
+            f"command exit status {_child_exit_code(returncode)}; exiting {EX_LOST}",
+        )
+        return EX_LOST
+    return _child_exit_code(returncode)
+
+
+def _supervise(
+    prog: str,
+    child: subprocess.Popen[bytes],
+    lease: Lease,
+    lost: threading.Event,
+    state: _RunState,
+    grace: float,
+) -> int:
+    """Wait for the child; forward queued signals; on loss SIGTERM it, SIGKILL after ``grace``.
+
+    Every wait is at most POLL_INTERVAL seconds, so signals and the loss are acted on promptly.
+    """
+    term_at: float | None = None
+    killed = False
+    while True:
+        returncode = child.poll()
+        if returncode is not None:
+            return returncode
+        while state.pending:
+            sig = state.pending.pop(0)
+            log.info("forwarding %s to pid %d", signal.Signals(sig).name, child.pid)
+            child.send_signal(sig)
+        if lost.is_set() and term_at is None:
+            _say(
+                prog,
+                f"lease on {lease.key!r} lost ({lease.lost_reason}); "
+                f"sending SIGTERM to pid {child.pid}, SIGKILL in {grace:g} s",
+            )
+            child.send_signal(signal.SIGTERM)
+            term_at = time.monotonic()
+        if term_at is not None and not killed and time.monotonic() - term_at >= grace:
+            if child.poll() is None:
+                _say(prog, f"pid {child.pid} still running after {grace:g} s; sending SIGKILL")
+                child.kill()
+            killed = True
+        if term_at is None:
+            lost.wait(POLL_INTERVAL)
+        else:
+            time.sleep(POLL_INTERVAL)
+
+
+def _release(prog: str, lease: Lease) -> bool:
+    """Release after the child ended; False when the lease turned out to be lost."""
+    try:
+        lease.release()
+    except LockLost:
+        return False
+    except Unavailable as exc:
+        _say(prog, f"warning: release not confirmed, the lock expires by its ttl: {exc}")
+    return True
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+def _admin_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=ADMIN_TIMEOUT,
+        socket_connect_timeout=ADMIN_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        decode_responses=True,
+    )
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _probe(url: str, keys: LockKeys) -> dict[str, Any]:
+    """One server's view of the lock (plain reads with a short timeout; never raises)."""
+    client = _admin_client(url)
+    name = describe(client.connection_pool.connection_kwargs)
+    row: dict[str, Any] = {
+        "server": name,
+        "held": False,
+        "token_prefix": None,
+        "ttl_s": None,
+        "holder": None,
+        "fence": None,
+        "error": None,
+    }
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.get(keys.lock)
+        pipe.pttl(keys.lock)
+        pipe.get(keys.holder)
+        pipe.get(keys.fence)
+        token, pttl, holder, fence = pipe.execute()
+    except Exception as exc:
+        row["error"] = _one_line(f"{type(exc).__name__}: {exc}")
+        return row
+    finally:
+        client.close()
+    token_text = _text(token)
+    if token_text is not None:
+        row["held"] = True
+        row["token_prefix"] = token_text[:8]
+        if isinstance(pttl, int) and pttl >= 0:
+            row["ttl_s"] = pttl / 1000
+    holder_text = _text(holder)
+    if holder_text:
+        try:
+            parsed = json.loads(holder_text)
+        except ValueError:
+            parsed = None
+        row["holder"] = parsed if isinstance(parsed, dict) else {"raw": holder_text}
+    fence_text = _text(fence)
+    if fence_text is not None:
+        try:
+            row["fence"] = int(fence_text)
+        except ValueError:
+            row["error"] = f"fence register is not an integer: {fence_text[:40]!r}"
+    return row
+
+
+def _probe_all(servers: Sequence[str], keys: LockKeys) -> list[dict[str, Any]]:
+    if len(servers) == 1:
+        return [_probe(servers[0], keys)]
+    with ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
+        return list(pool.map(lambda url: _probe(url, keys), servers))
+
+
+def status_report(key: str, servers: Sequence[str]) -> dict[str, Any]:
+    """The ``status --json`` object for ``key`` on ``servers``."""
+    rows = _probe_all(servers, lock_keys(check_key(key)))
+    fences = [row["fence"] for row in rows if row["fence"] is not None]
+    return {"key": key, "servers": rows, "fence": max(fences) if fences else None}
+
+
+def _describe_holder(holder: dict[str, Any]) -> str:
+    parts = []
+    for field_name in ("host", "pid", "purpose"):
+        if field_name in holder:
+            parts.append(f"{field_name}={holder[field_name]}")
+    acquired = holder.get("acquired_at")
+    if isinstance(acquired, int | float):
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(acquired))
+        parts.append(f"acquired_at={stamp} ({max(0.0, time.time() - acquired):.1f} s ago)")
+    if "raw" in holder:
+        parts.append(f"raw={holder['raw']!r}")
+    return " ".join(parts)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    key = check_key(args.key)
+    servers = resolve_servers(args.servers, [DEFAULT_SERVER])
+    report = status_report(key, servers)
+    rows: list[dict[str, Any]] = report["servers"]
+    answered = [row for row in rows if row["error"] is None or row["held"]]
+    if args.json:
+        print(json.dumps(report, sort_keys=False))
+    else:
+        majority = len(rows) // 2 + 1
+        held = sum(1 for row in rows if row["held"])
+        print(f"lock {key!r}: held on {held}/{len(rows)} servers (majority {majority})")
+        for row in rows:
+            if row["error"] is not None and not row["held"]:
+                print(f"  {row['server']}: error: {row['error']}")
+                continue
+            if row["held"]:
+                ttl = "unknown" if row["ttl_s"] is None else f"{row['ttl_s']:.3f} s"
+                line = f"  {row['server']}: held by {row['token_prefix']}…, validity left {ttl}"
+            else:
+                line = f"  {row['server']}: free"
+            line += f", fence {row['fence'] if row['fence'] is not None else 'none'}"
+            if row["holder"]:
+                line += f"; holder {_describe_holder(row['holder'])}"
+            print(line)
+        print(f"current fence: {report['fence'] if report['fence'] is not None else 'none'}")
+    if not answered:
+        if not args.json:
+            _say(f"{PROG} status", "no server answered")
+        return EX_UNAVAILABLE
+    return EX_OK
+
+
+# -- release --------------------------------------------------------------------------------------
+
+
+def _release_keys(keys: LockKeys) -> tuple[str, str, str, str, str]:
+    return (keys.lock, keys.holder, keys.waiters, keys.wake, keys.handoff)
+
+
+def _release_by_token(node: Node, keys: LockKeys, token: str) -> str:
+    """'released', 'not-held' or 'error: ...' for one server."""
+    try:
+        result = node.run(RELEASE, _release_keys(keys), (token, *RELEASE_TAIL))
+    except Exception as exc:
+        return f"error: {_one_line(f'{type(exc).__name__}: {exc}')}"
+    return "released" if result == 1 else "not-held"
+
+
+def _force_one(node: Node, keys: LockKeys) -> tuple[str, str | None, str | None]:
+    """Delete whatever holds the lock on one server: (outcome, token prefix, holder JSON).
+
+    Reads the current token and compare-and-deletes exactly that token (so what is printed is
+    what was deleted, and waiters are woken as by a normal release); retried a few times if
+    the lock changes hands in between. Outcome: 'deleted', 'free', 'busy' or 'error: ...'.
+    """
+    try:
+        for _ in range(FORCE_ATTEMPTS):
+            token, holder = node.client.mget([keys.lock, keys.holder])
+            token_text, holder_text = _text(token), _text(holder)
+            if token_text is None:
+                node.client.delete(keys.holder)
+                return "free", None, None
+            result = node.run(RELEASE, _release_keys(keys), (token_text, *RELEASE_TAIL))
+            if result == 1:
+                return "deleted", token_text[:8], holder_text
+        return "busy", None, None
+    except Exception as exc:
+        return f"error: {_one_line(f'{type(exc).__name__}: {exc}')}", None, None
+
+
+def _cmd_release(args: argparse.Namespace) -> int:
+    prog = f"{PROG} release"
+    key = check_key(args.key)
+    if args.token is not None and not args.token.strip():
+        raise ConfigError("--token must not be empty")
+    servers = resolve_servers(args.servers, [DEFAULT_SERVER])
+    keys = lock_keys(key)
+    nodes = [Node(url, ADMIN_TIMEOUT) for url in servers]
+    majority = len(nodes) // 2 + 1
+    try:
+        if args.force:
+            return _force(prog, key, nodes, keys, majority)
+        outcomes = [_release_by_token(node, keys, args.token) for node in nodes]
+    finally:
+        for node in nodes:
+            node.close()
+    released = outcomes.count("released")
+    errors = sum(1 for outcome in outcomes if outcome.startswith("error"))
+    for node, outcome in zip(nodes, outcomes, strict=True):
+        _say(prog, f"{node.name}: {outcome}")
+    summary = f"{key!r}: released on {released}/{len(nodes)} servers, majority is {majority}"
+    if released >= majority:
+        _say(prog, summary)
+        return EX_OK
+    if released + errors >= majority:
+        _say(prog, f"{summary}; too few servers answered to be sure")
+        return EX_UNAVAILABLE
+    _say(prog, f"{summary}: not held by token {args.token[:8]}…")
+    return EX_LOST
+
+
+def _force(prog: str, key: str, nodes: Sequence[Node], keys: LockKeys, majority: int) -> int:
+    done = 0
+    for node in nodes:
+        outcome, prefix, holder = _force_one(node, keys)
+        if outcome == "deleted":
+            done += 1
+            who = f" (holder {holder})" if holder else ""
+            _say(
+                prog,
+                f"WARNING: FORCED: deleted lock {key!r} held by token {prefix}… "
+                f"on {node.name}{who}",
+            )
+        elif outcome == "free":
+            done += 1
+            _say(prog, f"{node.name}: lock {key!r} was not held; nothing deleted")
+        elif outcome == "busy":
+            _say(prog, f"{node.name}: lock {key!r} kept changing hands; NOT deleted")
+        else:
+            _say(prog, f"{node.name}: {outcome}; NOT deleted")
+    if done >= majority:
+        _say(
+            prog,
+            f"WARNING: lock {key!r} is free on {done}/{len(nodes)} servers. A holder that is still "
+            "running does not know yet: only fencing protects the resource from its writes.",
+        )
+        return EX_OK
+    _say(prog, f"lock {key!r} freed on only {done}/{len(nodes)} servers (majority {majority})")
+    return EX_UNAVAILABLE
+
+
+# -- demo, chaos, bench (modules imported on demand) ----------------------------------------------
+
+
+def _entry(module_name: str) -> Callable[..., Any]:
+    module = importlib.import_module(module_name)
+    run: Callable[..., Any] = module.run
+    return run
+
+
+def _lazy(module_name: str, args: argparse.Namespace, **kwargs: Any) -> int:
+    try:
+        run = _entry(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise
+        _say(f"{PROG} {args.command_name}", f"not available in this installation ({exc})")
+        return EX_SOFTWARE
+    return int(run(**kwargs))
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    return _lazy("fencelock.demo", args, json_output=args.json)
+
+
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    return _lazy(
+        "fencelock.chaos.cli",
+        args,
+        servers=args.servers,
+        workers=args.workers,
+        duration=args.duration,
+        faults=args.faults,
+        seed=args.seed,
+        json_output=args.json,
+    )
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    servers = resolve_servers(args.servers, [])
+    return _lazy("fencelock.bench", args, servers=servers, json_output=args.json)
+
+
+# -- entry points ---------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``fencelock`` command line; returns the exit status (see the module docstring)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(arguments)
+    except SystemExit as exc:  # --help (0) or a usage error (64)
+        return exc.code if isinstance(exc.code, int) else EX_USAGE
+    _setup_logging(args.verbose)
+    prog = f"{PROG} {args.command_name}"
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except FencelockError as exc:
+        code = exit_code_for(exc)
+        label = "error" if code == EX_USAGE else type(exc).__name__
+        _say(prog, f"{label}: {exc}")
+        return code
+    except KeyboardInterrupt:
+        _say(prog, "interrupted")
+        return 128 + signal.SIGINT
+
+
+def console_main() -> None:
+    """The ``fencelock`` console script."""
+    sys.exit(main())
+
+
+__all__ = ["EXIT_CODES", "build_parser", "console_main", "exit_code_for", "main"]
