@@ -15,7 +15,7 @@ from typing import Any
 from ._core.quorum import Outcome, Tally, summary
 from ._core.replies import AcquireReply, ProtocolError, decode_acquire, decode_flag
 from ._core.rounds import AcquireDecision, Status
-from .errors import NotAcquired, ServerVote, Unavailable
+from .errors import ConfigError, NotAcquired, ServerVote, Unavailable
 
 TOKEN_BYTES = 20  # 160 random bits from the OS CSPRNG
 
@@ -44,6 +44,11 @@ def holder_info(purpose: str | None) -> str:
         prefix = json.dumps(info, separators=(",", ":"))[:-1] + ',"acquired_at":'
         _holder_prefix[(pid, purpose)] = prefix
     return f"{prefix}{time.time():.3f}}}"
+
+
+def patience_ms(deadline: float, now: float) -> int:
+    """How long a caller will still wait, in ms, for the acquire script (capped for infinity)."""
+    return int(min(max(0.0, deadline - now), 2_000_000.0) * 1000)
 
 
 def classify_acquire(result: object) -> tuple[Outcome, object]:
@@ -133,3 +138,24 @@ def pop_held(owner: object) -> Any:
 
 def mapping_names(nodes: Sequence[Any]) -> list[str]:
     return [node.name for node in nodes]
+
+
+def register_server(
+    seen: dict[int, str], index: int, run_id: str, role: str, names: Sequence[str]
+) -> None:
+    """Record server ``index``'s identity, or raise :class:`ConfigError` if it is a replica or
+    the same server as one already seen (``run_id`` catches ``localhost`` vs ``127.0.0.1``)."""
+    for other, seen_id in seen.items():
+        if seen_id == run_id and other != index:
+            raise ConfigError(
+                f"{names[index]} and {names[other]} are the same server (run_id {run_id[:8]}…)"
+            )
+    if role in ("slave", "replica"):
+        raise ConfigError(f"{names[index]} is a replica; Redlock needs independent masters")
+    seen[index] = run_id
+
+
+def recheck_delay(elapsed: float) -> float:
+    """After a failed identity check that took ``elapsed`` s, wait this long before the next:
+    a refused connection (fast) is retried at the next acquire, a timeout only after 2 s."""
+    return min(2.0, 20.0 * elapsed)

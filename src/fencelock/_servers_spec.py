@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ConfigError
 from .options import check_url, redact_url
+
+# redis-py >= 8 names the CLIENT SETINFO metadata ``driver_info`` (``lib_name`` is deprecated)
+_HAS_DRIVER_INFO = importlib.util.find_spec("redis.driver_info") is not None
 
 
 def split_servers(servers: object, client_types: tuple[type, ...]) -> list[Any]:
@@ -66,4 +70,12 @@ def client_kwargs(base: Mapping[str, Any], timeout: float) -> dict[str, Any]:
     kwargs["retry_on_timeout"] = False
     kwargs.pop("retry_on_error", None)
     kwargs["health_check_interval"] = 0
+    # no CLIENT SETINFO on connect: a new connection to a paused server must not block
+    if _HAS_DRIVER_INFO:
+        kwargs["driver_info"] = None
+        kwargs.pop("lib_name", None)
+        kwargs.pop("lib_version", None)
+    else:
+        kwargs["lib_name"] = None
+        kwargs["lib_version"] = None
     return kwargs

@@ -130,7 +130,9 @@ def redact_url(url: str) -> str:
 
 
 def default_server_timeout(ttl: float) -> float:
-    return min(SERVER_TIMEOUT_MAX, max(SERVER_TIMEOUT_MIN, ttl * SERVER_TIMEOUT_FRACTION))
+    """``ttl/10`` within [0.05, 1.0] s, and never more than half the lease."""
+    clamped = min(SERVER_TIMEOUT_MAX, max(SERVER_TIMEOUT_MIN, ttl * SERVER_TIMEOUT_FRACTION))
+    return min(clamped, ttl / 2)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,8 +30,11 @@ from .._common import (
     holder_info,
     needs_cleanup,
     new_token,
+    patience_ms,
     pop_held,
     push_held,
+    recheck_delay,
+    register_server,
     votes,
 )
 from .._core.backoff import retry_delay_s
@@ -67,6 +70,8 @@ ServerSpec = str | aredis.Redis
 Servers = ServerSpec | Sequence[ServerSpec]
 LostCallback = Callable[["Lease"], object]
 RETRY_FLOOR = 0.01
+LATE_RELEASE_FIRST = 0.05  # seconds; doubled up to LATE_RELEASE_MAX
+LATE_RELEASE_MAX = 1.0
 
 
 class _Unset:
@@ -138,6 +143,8 @@ class Lock:
         )
         self._budget = 2 * self.options.server_timeout + 0.05
         self._independent = len(self._nodes) == 1
+        self._run_ids: dict[int, str] = {}
+        self._recheck_at: dict[int, float] = {}
         self._independence_lock: asyncio.Lock | None = None
         k = self._keys
         self._acquire_keys = (k.lock, k.fence, k.holder, k.waiters, k.handoff)
@@ -184,7 +191,7 @@ class Lock:
         waiter = new_token()[:16]
         while True:
             attempt += 1
-            outcome = await self._attempt(woken, waiter)
+            outcome = await self._attempt(woken, waiter, patience_ms(deadline, loop.time()))
             if isinstance(outcome, Lease):
                 return outcome
             decision, tally = outcome
@@ -207,7 +214,7 @@ class Lock:
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
         await self._check_independence()
-        outcome = await self._attempt(False, new_token()[:16])
+        outcome = await self._attempt(False, new_token()[:16], 0)
         if isinstance(outcome, Lease):
             return outcome
         decision, tally = outcome
@@ -267,28 +274,27 @@ class Lock:
         async with self._independence_lock:
             if self._independent:
                 return
-            seen: dict[str, str] = {}
-            for node in self._nodes:
+            for index, node in enumerate(self._nodes):
+                if index in self._run_ids or time.monotonic() < self._recheck_at.get(index, 0.0):
+                    continue
+                started = time.monotonic()
                 try:
                     run_id, role = await node.run_id(), await node.role()
-                except Exception as exc:
-                    log.warning("independence check skipped for %s: %s", node.name, exc)
+                except Exception as exc:  # unreachable now: checked again at a later acquire
+                    level = logging.DEBUG if index in self._recheck_at else logging.WARNING
+                    log.log(level, "identity check of %s failed: %s", node.name, exc)
+                    elapsed = time.monotonic() - started
+                    self._recheck_at[index] = time.monotonic() + recheck_delay(elapsed)
                     continue
-                if run_id in seen:
-                    raise ConfigError(
-                        f"{node.name} and {seen[run_id]} are the same server (run_id {run_id[:8]}…)"
-                    )
-                if role in ("slave", "replica"):
-                    raise ConfigError(
-                        f"{node.name} is a replica; Redlock needs independent masters"
-                    )
-                seen[run_id] = node.name
-            self._independent = True
+                register_server(self._run_ids, index, run_id, role, self.servers)
+            self._independent = len(self._run_ids) == len(self._nodes)
 
-    async def _attempt(self, woken: bool, waiter: str) -> Lease | tuple[AcquireDecision, Tally]:
+    async def _attempt(
+        self, woken: bool, waiter: str, patience: int
+    ) -> Lease | tuple[AcquireDecision, Tally]:
         token = new_token()
         info = holder_info(self.options.purpose) if self.options.holder_info else ""
-        args = (token, self._ttl_ms, info, "1" if woken else "0", waiter)
+        args = (token, self._ttl_ms, info, "1" if woken else "0", waiter, patience)
         nodes = self._nodes
         tally = Tally(len(nodes))
         cancels_before = _cancel_requests()
@@ -369,6 +375,13 @@ class Lock:
             classify_flag("release"),
             budget_s=self._budget,
         )
+        silent = [i for i, (outcome, _) in tally.votes.items() if outcome is Outcome.ERROR]
+        if silent:
+            until = time.monotonic() + self.options.ttl
+            for index in silent:
+                run_in_background(
+                    _late_release(self._nodes[index], self._release_keys, args, until)
+                )
         return tally
 
     async def _extend_round(self, token: str, ttl_ms: int) -> tuple[Tally, float]:
@@ -562,6 +575,29 @@ class Lease:
             f"Lease({self.key!r}, fence={self.fence}, token={self.token[:8]}…, {state}, "
             f"remaining={self.remaining():.3f}s)"
         )
+
+
+async def _late_release(
+    node: AsyncNode, keys: tuple[str, ...], args: tuple[Any, ...], until: float
+) -> None:
+    """Repeat a release on a server that did not answer it, until it answers and once more
+    (a paused server applies its buffered ``SET NX`` when it wakes, maybe after our release),
+    or until ``until`` (monotonic), when the key has expired anyway."""
+    delay = LATE_RELEASE_FIRST
+    answered = False
+    while True:
+        await asyncio.sleep(delay)
+        if time.monotonic() > until:
+            return
+        try:
+            await node.run(RELEASE, keys, args)
+        except Exception as exc:
+            log.debug("late release on %s failed: %s", node.name, exc)
+        else:
+            if answered:
+                return
+            answered = True
+        delay = min(LATE_RELEASE_MAX, delay * 2)
 
 
 async def _renew(ref: weakref.ref[Lease], every: float, max_hold: float | None) -> None:

@@ -4,13 +4,18 @@
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
 -- ARGV[5] waiter id, stable over one acquire() call
+-- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F
 --         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way);
---                      the caller is registered as a waiter until pttl + 1 s from now
+--                      a caller that will wait is registered as a waiter until
+--                      min(pttl + 1 s, its remaining wait + 100 ms) from now
 local now = redis.call('TIME')
 local function refuse(pttl)
+  local patience = tonumber(ARGV[6])
+  if patience <= 0 then return {0, pttl} end
   local hint = tonumber(ARGV[2])
   if pttl > 0 then hint = pttl + 1000 end
+  hint = math.min(hint, patience + 100)
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   redis.call('ZADD', KEYS[4], now_ms + hint, ARGV[5])
   if redis.call('PTTL', KEYS[4]) < hint then redis.call('PEXPIRE', KEYS[4], hint) end

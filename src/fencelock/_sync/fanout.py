@@ -1,81 +1,92 @@
-"""Ask several servers at once and tally as the answers come in (threads)."""
+"""Send one script to several servers at once and tally the replies as they arrive.
+
+One thread does it all: the command is written to every server first, then the replies are
+read in the order they become readable (``selectors``), so a round costs about one round trip
+plus the client's per-command CPU, and a slow server delays nobody. When the round is decided
+early, the connections still waiting for a reply are parked on their node and drained later.
+"""
 
 from __future__ import annotations
 
-import threading
+import selectors
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from queue import Empty, SimpleQueue
-from typing import TypeVar
+from typing import Any
 
 from .._core.quorum import Outcome, Tally
+from .._scripts import Script
+from .node import Node
 
-T = TypeVar("T")
 Classify = Callable[[object], tuple[Outcome, object]]
-
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _executor
-    if _executor is None:
-        with _executor_lock:
-            if _executor is None:
-                _executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="fencelock-io")
-    return _executor
-
-
-def _call(queue: SimpleQueue[tuple[int, object]], index: int, call: Callable[[int], T]) -> None:
-    try:
-        result: object = call(index)
-    except Exception as exc:  # every failure is a vote, never a crash of the round
-        result = exc
-    queue.put((index, result))
 
 
 def fan_out(
     tally: Tally,
+    nodes: Sequence[Node],
     targets: Sequence[int],
-    call: Callable[[int], T],
+    script: Script,
+    keys: Sequence[str],
+    args: Sequence[str | int],
     classify: Classify,
     *,
     budget_s: float,
     stop: Callable[[Tally], bool] | None = None,
-) -> dict[int, object]:
-    """Run ``call(i)`` for every target in parallel, recording each vote in ``tally``.
+) -> None:
+    """Run ``script`` on every target server, recording each vote in ``tally``.
 
-    Returns as soon as ``stop(tally)`` is true (stragglers finish in the background and are
-    ignored), when every target answered, or when ``budget_s`` ran out (silent targets are
-    recorded as errors). One target is called inline, with no thread hop.
+    Returns as soon as ``stop(tally)`` is true, when every target answered, or when
+    ``budget_s`` ran out (silent targets are recorded as ``TimeoutError`` votes). Every failure
+    is a vote, never an exception. One target is called inline.
     """
-    results: dict[int, object] = {}
     if len(targets) == 1:
         index = targets[0]
         try:
-            result: object = call(index)
+            result: object = nodes[index].run(script, keys, args)
         except Exception as exc:
             result = exc
-        results[index] = result
         tally.record(index, *classify(result))
-        return results
-    queue: SimpleQueue[tuple[int, object]] = SimpleQueue()
-    pool = _pool()
-    for index in targets:
-        pool.submit(_call, queue, index, call)
-    deadline = time.monotonic() + budget_s
-    pending = set(targets)
-    while pending and not (stop is not None and stop(tally)):
-        try:
-            index, result = queue.get(timeout=max(0.0, deadline - time.monotonic()))
-        except Empty:
-            for index in sorted(pending):
-                timeout = TimeoutError(f"no answer within {budget_s:.3f} s")
-                results[index] = timeout
-                tally.record(index, Outcome.ERROR, timeout)
-            break
-        pending.discard(index)
-        results[index] = result
-        tally.record(index, *classify(result))
-    return results
+        return
+    selector = selectors.DefaultSelector()
+    try:
+        for index in targets:
+            node = nodes[index]
+            conn = None
+            try:
+                conn = node.checkout()
+                node.send(conn, script, keys, args)
+                selector.register(conn._sock, selectors.EVENT_READ, (index, conn))
+            except Exception as exc:
+                if conn is not None:
+                    node.discard(conn)
+                tally.record(index, *classify(exc))
+        deadline = time.monotonic() + budget_s
+        while selector.get_map() and not (stop is not None and stop(tally)):
+            events = selector.select(max(0.0, deadline - time.monotonic()))
+            if not events:
+                _time_out(selector, tally, nodes, budget_s)
+                break
+            for key, _ in events:
+                index, conn = key.data
+                selector.unregister(key.fileobj)
+                node = nodes[index]
+                try:
+                    result = node.receive(conn, script, keys, args)
+                except Exception as exc:
+                    node.discard(conn)
+                    result = exc
+                else:
+                    node.checkin(conn)
+                tally.record(index, *classify(result))
+        for key in list(selector.get_map().values()):
+            index, conn = key.data
+            nodes[index].park(conn)
+    finally:
+        selector.close()
+
+
+def _time_out(selector: Any, tally: Tally, nodes: Sequence[Node], budget_s: float) -> None:
+    for key in list(selector.get_map().values()):
+        index, conn = key.data
+        selector.unregister(key.fileobj)
+        nodes[index].discard(conn)
+        tally.record(index, Outcome.ERROR, TimeoutError(f"no answer within {budget_s:.3f} s"))

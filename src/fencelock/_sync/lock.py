@@ -23,8 +23,11 @@ from .._common import (
     holder_info,
     needs_cleanup,
     new_token,
+    patience_ms,
     pop_held,
     push_held,
+    recheck_delay,
+    register_server,
     votes,
 )
 from .._core.backoff import retry_delay_s
@@ -52,6 +55,7 @@ from ..options import (
 )
 from .fanout import fan_out
 from .node import shared_node
+from .watchdog import LateRelease
 
 log = logging.getLogger("fencelock.lock")
 
@@ -130,6 +134,8 @@ class Lock:
         )
         self._budget = 2 * self.options.server_timeout + 0.05
         self._independent = len(self._nodes) == 1
+        self._run_ids: dict[int, str] = {}
+        self._recheck_at: dict[int, float] = {}
         self._independence_lock = threading.Lock()
         k = self._keys
         self._acquire_keys = (k.lock, k.fence, k.holder, k.waiters, k.handoff)
@@ -177,7 +183,7 @@ class Lock:
         waiter = new_token()[:16]
         while True:
             attempt += 1
-            outcome = self._attempt(woken, waiter)
+            outcome = self._attempt(woken, waiter, patience_ms(deadline, time.monotonic()))
             if isinstance(outcome, Lease):
                 return outcome
             decision, tally = outcome
@@ -200,7 +206,7 @@ class Lock:
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
         self._check_independence()
-        outcome = self._attempt(False, new_token()[:16])
+        outcome = self._attempt(False, new_token()[:16], 0)
         if isinstance(outcome, Lease):
             return outcome
         decision, tally = outcome
@@ -266,42 +272,45 @@ class Lock:
     # -- rounds -------------------------------------------------------------------------------
 
     def _check_independence(self) -> None:
-        """N > 1: refuse the same server twice (by run_id) and replicas, once per Lock."""
+        """N > 1: refuse the same server twice (by run_id) and replicas; a server that cannot
+        be reached now is checked at a later acquire."""
         if self._independent:
             return
         with self._independence_lock:
             if self._independent:
                 return
-            seen: dict[str, str] = {}
-            for node in self._nodes:
+            for index, node in enumerate(self._nodes):
+                if index in self._run_ids or time.monotonic() < self._recheck_at.get(index, 0.0):
+                    continue
+                started = time.monotonic()
                 try:
                     run_id, role = node.run_id(), node.role()
-                except Exception as exc:  # unreachable now: it cannot be checked, nor used
-                    log.warning("independence check skipped for %s: %s", node.name, exc)
+                except Exception as exc:  # unreachable now: checked again at a later acquire
+                    level = logging.DEBUG if index in self._recheck_at else logging.WARNING
+                    log.log(level, "identity check of %s failed: %s", node.name, exc)
+                    elapsed = time.monotonic() - started
+                    self._recheck_at[index] = time.monotonic() + recheck_delay(elapsed)
                     continue
-                if run_id in seen:
-                    raise ConfigError(
-                        f"{node.name} and {seen[run_id]} are the same server (run_id {run_id[:8]}…)"
-                    )
-                if role in ("slave", "replica"):
-                    raise ConfigError(
-                        f"{node.name} is a replica; Redlock needs independent masters"
-                    )
-                seen[run_id] = node.name
-            self._independent = True
+                register_server(self._run_ids, index, run_id, role, self.servers)
+            self._independent = len(self._run_ids) == len(self._nodes)
 
-    def _attempt(self, woken: bool, waiter: str) -> Lease | tuple[AcquireDecision, Tally]:
+    def _attempt(
+        self, woken: bool, waiter: str, patience: int
+    ) -> Lease | tuple[AcquireDecision, Tally]:
         token = new_token()
         info = holder_info(self.options.purpose) if self.options.holder_info else ""
-        args = (token, self._ttl_ms, info, "1" if woken else "0", waiter)
+        args = (token, self._ttl_ms, info, "1" if woken else "0", waiter, patience)
         nodes = self._nodes
         tally = Tally(len(nodes))
         start = time.monotonic()
         try:
             fan_out(
                 tally,
+                nodes,
                 range(len(nodes)),
-                lambda i: nodes[i].run(ACQUIRE, self._acquire_keys, args),
+                ACQUIRE,
+                self._acquire_keys,
+                args,
                 classify_acquire,
                 budget_s=self._budget,
                 stop=lambda t: t.won,
@@ -337,8 +346,11 @@ class Lock:
         args = (token, str(decision.fence))
         fan_out(
             commit,
+            self._nodes,
             granted,
-            lambda i: self._nodes[i].run(FENCE_COMMIT, keys, args),
+            FENCE_COMMIT,
+            keys,
+            args,
             classify_flag("fence_commit"),
             budget_s=self._budget,
             stop=lambda t: t.won,
@@ -361,15 +373,24 @@ class Lock:
             log.debug("cleanup of %r failed: %s", self.key, exc)
 
     def _release_round(self, token: str) -> Tally:
+        """Release ``token`` everywhere; servers that did not answer get it again later."""
         tally = Tally(len(self._nodes))
         args = (token, *self._release_tail)
         fan_out(
             tally,
+            self._nodes,
             range(len(self._nodes)),
-            lambda i: self._nodes[i].run(RELEASE, self._release_keys, args),
+            RELEASE,
+            self._release_keys,
+            args,
             classify_flag("release"),
             budget_s=self._budget,
         )
+        silent = [i for i, (outcome, _) in tally.votes.items() if outcome is Outcome.ERROR]
+        if silent:
+            until = time.monotonic() + self.options.ttl
+            for index in silent:
+                LateRelease.start(self._nodes[index], RELEASE, self._release_keys, args, until)
         return tally
 
     def _extend_round(self, token: str, ttl_ms: int) -> tuple[Tally, float]:
@@ -379,8 +400,11 @@ class Lock:
         start = time.monotonic()
         fan_out(
             tally,
+            self._nodes,
             range(len(self._nodes)),
-            lambda i: self._nodes[i].run(EXTEND, keys, (token, ttl_ms)),
+            EXTEND,
+            keys,
+            (token, ttl_ms),
             classify_flag("extend"),
             budget_s=self._budget,
             stop=lambda t: t.decided,

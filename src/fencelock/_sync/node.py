@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from redis.retry import Retry
 from .._scripts import Script
 from .._servers_spec import client_kwargs, describe
 from ..options import MAX_BLOCK
+
+PARKED_MAX = 16  # connections awaiting a straggler's reply, per server, at most
 
 
 class Node:
@@ -34,7 +37,9 @@ class Node:
         # execute_command is untyped in redis-py; one typed handle, looked up once
         self._execute: Callable[..., Any] = self.client.execute_command
         self._blocking: redis.Redis | None = None
-        self._idle: list[Any] = []  # connections not in use (run() takes one, gives it back)
+        self._idle: list[Any] = []  # connections not in use
+        self._parked: list[tuple[Any, float]] = []  # (connection, since): a reply to read
+        self._park_lock = threading.Lock()
 
     def _make_client(self, timeout: float) -> redis.Redis:
         kwargs = client_kwargs(self._kwargs, timeout)
@@ -42,33 +47,87 @@ class Node:
         pool = redis.ConnectionPool(connection_class=self._connection_class, **kwargs)
         return redis.Redis(connection_pool=pool)
 
-    def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
-        """EVALSHA, falling back to EVAL once when the server does not know the script.
+    # -- connections of our own: taken, used by one thread, given back -------------------------
 
-        Lean path: a connection from a free list (``list.pop``/``append`` are atomic, so
-        threads never share one), the command packed by hiredis and sent with one ``sendall``,
-        the reply read with the connection's socket timeout; no client-side retry: on any
-        error the connection is dropped and the error is the caller's vote.
-        """
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self.client.connection_pool.make_connection()
-        try:
-            conn.send_packed_command(
-                conn.pack_command("EVALSHA", script.sha, script.numkeys, *keys, *args), False
-            )
+    def checkout(self) -> Any:
+        """A connection for one command (``list.pop``/``append`` are atomic: threads never
+        share one). Raises :class:`TimeoutError` while a command of an earlier round has gone
+        unanswered for longer than the timeout: the server is paused or overloaded, and asking
+        it again cannot help (a new connection would only queue behind the old command)."""
+        if self._parked and self._park_lock.acquire(blocking=False):
             try:
-                reply = conn.read_response()
-            except NoScriptError:
-                conn.send_packed_command(
-                    conn.pack_command("EVAL", script.source, script.numkeys, *keys, *args), False
-                )
-                reply = conn.read_response()
-        except BaseException:
-            conn.disconnect()
-            raise
+                self._drain_parked()
+            finally:
+                self._park_lock.release()
+        parked = self._parked
+        if parked and time.monotonic() - parked[0][1] > self.timeout:
+            raise TimeoutError(f"{self.name} has not answered an earlier command yet")
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self.client.connection_pool.make_connection()
+
+    def _drain_parked(self) -> None:
+        while self._parked:
+            conn, _ = self._parked[0]
+            try:
+                if not conn.can_read(timeout=0):
+                    if len(self._parked) <= PARKED_MAX:
+                        return
+                    ready = False
+                else:
+                    conn.read_response()  # a straggler's reply nobody waits for any more
+                    ready = True
+            except Exception:
+                ready = False
+            self._parked.pop(0)
+            if ready:
+                self._idle.append(conn)
+            else:
+                conn.disconnect()
+
+    def send(
+        self, conn: Any, script: Script, keys: Sequence[str], args: Sequence[str | int]
+    ) -> None:
+        conn.send_packed_command(
+            conn.pack_command("EVALSHA", script.sha, script.numkeys, *keys, *args), False
+        )
+
+    def receive(
+        self, conn: Any, script: Script, keys: Sequence[str], args: Sequence[str | int]
+    ) -> Any:
+        """The reply to :meth:`send`; on NOSCRIPT the script is sent in full (EVAL) once."""
+        try:
+            return conn.read_response()
+        except NoScriptError:
+            conn.send_packed_command(
+                conn.pack_command("EVAL", script.source, script.numkeys, *keys, *args), False
+            )
+            return conn.read_response()
+
+    def checkin(self, conn: Any) -> None:
         self._idle.append(conn)
+
+    def park(self, conn: Any) -> None:
+        """A connection whose reply is still on the way (a straggler of a decided round)."""
+        self._parked.append((conn, time.monotonic()))
+
+    @staticmethod
+    def discard(conn: Any) -> None:
+        """A connection that failed or timed out mid-command: its state is unknown."""
+        conn.disconnect()
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """EVALSHA (EVAL on NOSCRIPT) on a connection of our own, under the socket timeout;
+        no client-side retry: on any error the connection is dropped and the error raised."""
+        conn = self.checkout()
+        try:
+            self.send(conn, script, keys, args)
+            reply = self.receive(conn, script, keys, args)
+        except BaseException:
+            self.discard(conn)
+            raise
+        self.checkin(conn)
         return reply
 
     def wait_signal(self, key: str, timeout_s: float) -> bool:
@@ -92,6 +151,8 @@ class Node:
     def close(self) -> None:
         while self._idle:
             self._idle.pop().disconnect()
+        while self._parked:
+            self._parked.pop()[0].disconnect()
         self.client.close()
         if self._blocking is not None:
             self._blocking.close()

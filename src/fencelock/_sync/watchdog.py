@@ -14,30 +14,40 @@ import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
+from .._scripts import Script
 from ..errors import LockLost
 
 if TYPE_CHECKING:
     from .lock import Lease
+    from .node import Node
 
 log = logging.getLogger("fencelock.watchdog")
 
 RETRY_FLOOR = 0.01  # seconds between retries of a failed renewal, at the least
 
 
+class Job(Protocol):
+    """Something the shared scheduler runs on its worker pool when due."""
+
+    stopped: bool
+
+    def tick(self) -> None: ...
+
+
 class _Scheduler:
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Renewal]] = []
+        self._heap: list[tuple[float, int, Job]] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fencelock-renew")
         self._thread = threading.Thread(target=self._run, name="fencelock-watchdog", daemon=True)
         self._thread.start()
 
-    def schedule(self, when: float, renewal: Renewal) -> None:
+    def schedule(self, when: float, job: Job) -> None:
         with self._cv:
-            heapq.heappush(self._heap, (when, next(self._seq), renewal))
+            heapq.heappush(self._heap, (when, next(self._seq), job))
             self._cv.notify()
 
     def _run(self) -> None:
@@ -145,3 +155,50 @@ class Renewal:
             if self.max_hold is not None:
                 next_at = min(next_at, lease.acquired_at + self.max_hold)
             scheduler().schedule(next_at, self)
+
+
+class LateRelease:
+    """Repeat a release on a server that did not answer it (or the round before it).
+
+    A paused server applies what was in its socket buffer when it wakes, possibly a ``SET NX``
+    that arrives after our release: the key would then stay until its TTL. So the release is
+    repeated with backoff until the server answers, then once more (by then everything it had
+    buffered is applied), or until ``until`` (monotonic; the key expires by then anyway).
+    """
+
+    FIRST_DELAY = 0.05
+    MAX_DELAY = 1.0
+
+    def __init__(
+        self, node: Node, script: Script, keys: tuple[str, ...], args: tuple[Any, ...], until: float
+    ) -> None:
+        self.node = node
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.until = until
+        self.delay = self.FIRST_DELAY
+        self.answered = False
+        self.stopped = False
+
+    @classmethod
+    def start(
+        cls, node: Node, script: Script, keys: tuple[str, ...], args: tuple[Any, ...], until: float
+    ) -> None:
+        scheduler().schedule(
+            time.monotonic() + cls.FIRST_DELAY, cls(node, script, keys, args, until)
+        )
+
+    def tick(self) -> None:
+        if time.monotonic() > self.until:
+            return
+        try:
+            self.node.run(self.script, self.keys, self.args)
+        except Exception as exc:
+            log.debug("late release on %s failed: %s", self.node.name, exc)
+        else:
+            if self.answered:
+                return
+            self.answered = True
+        self.delay = min(self.MAX_DELAY, self.delay * 2)
+        scheduler().schedule(time.monotonic() + self.delay, self)
