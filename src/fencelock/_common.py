@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from ._core.quorum import Outcome, Tally, summary
 from ._core.replies import AcquireReply, ProtocolError, decode_acquire, decode_flag
 from ._core.rounds import AcquireDecision, Status
@@ -155,7 +157,8 @@ def register_server(
     seen[index] = run_id
 
 
-def recheck_delay(elapsed: float) -> float:
-    """After a failed identity check that took ``elapsed`` s, wait this long before the next:
-    a refused connection (fast) is retried at the next acquire, a timeout only after 2 s."""
-    return min(2.0, 20.0 * elapsed)
+def recheck_delay(exc: BaseException) -> float:
+    """After a failed identity check, wait this long before checking that server again: a
+    refused connection costs nothing and is retried at the next acquire; a timeout (a paused or
+    overloaded server) costs a whole server timeout, so it is retried only after 2 s."""
+    return 2.0 if isinstance(exc, TimeoutError | RedisTimeoutError) else 0.0

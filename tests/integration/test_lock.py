@@ -43,8 +43,12 @@ def test_contention(topologies: Any, make_lock: LockFactory, key: str, n: int) -
         b.acquire(wait=0)
     err = info.value
     assert not isinstance(err, Unavailable)
-    assert len(err.votes) == n and all(v.outcome == "held" for v in err.votes)
-    assert f"0/{n} servers agreed, majority is {n // 2 + 1}" in str(err)
+    # The holder decided at its majority; a straggler of its round may still be in flight on
+    # a minority, where B can win a vote (then released again): never a majority, never errors.
+    assert len(err.votes) == n and not any(v.outcome == "error" for v in err.votes)
+    held = sum(v.outcome == "held" for v in err.votes)
+    assert held >= n // 2 + 1
+    assert f"{n - held}/{n} servers agreed, majority is {n // 2 + 1}" in str(err)
     assert b.try_acquire() is None
     # a short wait still ends in NotAcquired, after about the wait
     start = time.monotonic()

@@ -282,14 +282,12 @@ class Lock:
             for index, node in enumerate(self._nodes):
                 if index in self._run_ids or time.monotonic() < self._recheck_at.get(index, 0.0):
                     continue
-                started = time.monotonic()
                 try:
                     run_id, role = node.run_id(), node.role()
                 except Exception as exc:  # unreachable now: checked again at a later acquire
                     level = logging.DEBUG if index in self._recheck_at else logging.WARNING
                     log.log(level, "identity check of %s failed: %s", node.name, exc)
-                    elapsed = time.monotonic() - started
-                    self._recheck_at[index] = time.monotonic() + recheck_delay(elapsed)
+                    self._recheck_at[index] = time.monotonic() + recheck_delay(exc)
                     continue
                 register_server(self._run_ids, index, run_id, role, self.servers)
             self._independent = len(self._run_ids) == len(self._nodes)
