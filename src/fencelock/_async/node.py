@@ -49,10 +49,7 @@ class AsyncNode:
         command packed once and sent in one write, the reply read under the connection's socket
         timeout; no client-side retry (the error is the caller's vote).
         """
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self._new_connection()
+        conn = await self._checkout()
         try:
             await conn.send_packed_command(
                 conn.pack_command("EVALSHA", script.sha, script.numkeys, *keys, *args), False
@@ -70,6 +67,23 @@ class AsyncNode:
             raise
         self._idle.append(conn)
         return reply
+
+    async def _checkout(self) -> Any:
+        """An idle connection of ours, unless the server closed it meanwhile (restarted, a proxy
+        reset): an idle connection has nothing to read, so anything readable means stale."""
+        while self._idle:
+            conn = self._idle.pop()
+            probe = getattr(conn, "can_read", None)  # redis-py >= 8: non-blocking
+            if probe is None or not conn.is_connected:
+                return conn
+            try:
+                stale = await probe()
+            except Exception:
+                stale = True
+            if not stale:
+                return conn
+            await conn.disconnect(nowait=True)
+        return self._new_connection()
 
     async def wait_signal(self, key: str, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` (capped at MAX_BLOCK) for a wake element; True if popped."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 import weakref
@@ -18,6 +19,8 @@ from .._servers_spec import client_kwargs, describe
 from ..options import MAX_BLOCK
 
 PARKED_MAX = 16  # connections awaiting a straggler's reply, per server, at most
+# a reply still missing after this long (s) was lost on the way: drop the connection, try afresh
+PARKED_GIVE_UP = 1.0
 
 
 class Node:
@@ -62,19 +65,26 @@ class Node:
         parked = self._parked
         if parked and time.monotonic() - parked[0][1] > self.timeout:
             raise TimeoutError(f"{self.name} has not answered an earlier command yet")
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self.client.connection_pool.make_connection()
+        while self._idle:
+            conn = self._idle.pop()
+            sock = conn._sock
+            # an idle connection has nothing to read, unless the server closed it meanwhile
+            # (restarted, a proxy reset): then it is readable (EOF) and must not be used
+            if sock is None or not select.select((sock,), (), (), 0)[0]:
+                return conn
+            conn.disconnect()
+        return self.client.connection_pool.make_connection()
 
     def _drain_parked(self) -> None:
+        give_up = max(PARKED_GIVE_UP, 4 * self.timeout)
         while self._parked:
-            conn, _ = self._parked[0]
+            conn, since = self._parked[0]
             try:
                 if not conn.can_read(timeout=0):
-                    if len(self._parked) <= PARKED_MAX:
+                    young = time.monotonic() - since < give_up
+                    if young and len(self._parked) <= PARKED_MAX:
                         return
-                    ready = False
+                    ready = False  # lost on the way (blackhole, dropped reply): start afresh
                 else:
                     conn.read_response()  # a straggler's reply nobody waits for any more
                     ready = True
