@@ -1,0 +1,386 @@
+"""Checkers: pure functions over histories (no I/O, no clock reads).
+
+A history is a list of :class:`Op` records, one per operation a worker performed, each with the
+``time.monotonic_ns()`` of its invocation and of its completion (the monotonic clock is
+system-wide on Linux, so histories of different processes compare). An operation that never
+completed (its process was killed) has ``status="unknown"`` and ``done_ns=None``.
+
+Operation kinds written by :mod:`fencelock.chaos.workload`:
+
+- ``acquire``: ``fence`` and ``until_ns`` (end of the lease's validity) when ``ok``;
+- ``advance`` / ``read`` / ``write``: the fenced register (``value`` = the count read or
+  written; ``fail`` with ``info="stale"`` = refused for an older fence);
+- ``canary-read`` / ``canary-write``: the unfenced canary register, same shape;
+- ``release``.
+
+Each checker returns a small frozen result whose ``ok`` property says whether the safety
+property held; the fields count what was seen.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "FenceResult",
+    "LeaseWindow",
+    "LivenessResult",
+    "Op",
+    "OverlapResult",
+    "RegisterResult",
+    "check_canary",
+    "check_fenced_register",
+    "check_fences",
+    "check_lease_overlap",
+    "check_liveness",
+    "lease_windows",
+]
+
+Status = Literal["ok", "fail", "unknown"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of one worker. Times are ``time.monotonic_ns()`` values.
+
+    ``iteration`` groups the operations of one acquire..release cycle of ``worker``.
+    """
+
+    worker: int
+    iteration: int
+    kind: str
+    status: Status
+    invoke_ns: int
+    done_ns: int | None = None
+    fence: int | None = None
+    value: int | None = None
+    until_ns: int | None = None
+    info: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# registers
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """What a register saw.
+
+    ``acknowledged``: writes that returned ok; ``rejected``: refused as stale (fenced only);
+    ``stale_accepted``: writes accepted although a newer fence had been acknowledged by the
+    store before they were sent; ``lost_updates``: acknowledged increments missing from the
+    final value (or written twice over the same read); ``phantom``: final value above every
+    acknowledged and unknown write (a write nobody made).
+    """
+
+    acknowledged: int
+    rejected: int
+    unknown: int
+    stale_accepted: int
+    lost_updates: int
+    phantom: int
+    final: int
+    duplicates: int
+
+    @property
+    def ok(self) -> bool:
+        return self.stale_accepted == 0 and self.lost_updates == 0 and self.phantom == 0
+
+
+def _register(
+    ops: Sequence[Op], final: int, write_kind: str, fence_kinds: tuple[str, ...]
+) -> RegisterResult:
+    writes = [op for op in ops if op.kind == write_kind]
+    acked = [op for op in writes if op.status == "ok"]
+    rejected = sum(
+        1 for op in ops if op.kind in fence_kinds and op.status == "fail" and op.info == "stale"
+    )
+    unknown = sum(1 for op in writes if op.status == "unknown")
+    # stale accepted: accepted with a fence older than one the store had already acknowledged
+    # (acknowledged before this write was even sent: the store must have seen it first)
+    fenced = sorted(
+        (
+            op
+            for op in ops
+            if op.kind in fence_kinds
+            and op.status == "ok"
+            and op.fence is not None
+            and op.done_ns is not None
+        ),
+        key=lambda op: op.done_ns or 0,
+    )
+    done_times = [op.done_ns or 0 for op in fenced]
+    prefix_max: list[int] = []
+    best = -1
+    for op in fenced:
+        best = max(best, op.fence or 0)
+        prefix_max.append(best)
+    stale = 0
+    if write_kind == "write":
+        for op in acked:
+            if op.fence is None:
+                continue
+            i = bisect.bisect_left(done_times, op.invoke_ns)
+            if i > 0 and prefix_max[i - 1] > op.fence:
+                stale += 1
+    counts = Counter(op.value for op in acked if op.value is not None)
+    duplicates = sum(c - 1 for c in counts.values() if c > 1)
+    lost = max(len(acked) - final, duplicates, 0)
+    phantom = max(final - len(acked) - unknown, 0)
+    return RegisterResult(
+        acknowledged=len(acked),
+        rejected=rejected,
+        unknown=unknown,
+        stale_accepted=stale,
+        lost_updates=lost,
+        phantom=phantom,
+        final=final,
+        duplicates=duplicates,
+    )
+
+
+def check_fenced_register(ops: Sequence[Op], final: int) -> RegisterResult:
+    """The fenced register: zero stale writes accepted and ``final`` equal to the number of
+    acknowledged increments (no lost update).
+
+    ``final`` is the count read from the store after every worker stopped. Writes whose outcome
+    is unknown may or may not be in it: they are allowed, never required.
+    """
+    return _register(ops, final, "write", ("advance", "write"))
+
+
+def check_canary(ops: Sequence[Op], final: int) -> RegisterResult:
+    """The unfenced canary register, same rules (``stale_accepted`` stays 0: it has no fence).
+
+    Under process pauses a lease lock alone loses updates here; that is what the canary is for.
+    """
+    return _register(ops, final, "canary-write", ())
+
+
+# --------------------------------------------------------------------------------------------
+# fences
+
+
+@dataclass(frozen=True)
+class FenceResult:
+    """``duplicates``: fences handed out twice; ``out_of_order``: a lease acknowledged before
+    another was requested but with a fence that is not smaller."""
+
+    leases: int
+    duplicates: int
+    out_of_order: int
+    examples: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.duplicates == 0 and self.out_of_order == 0
+
+
+def check_fences(ops: Sequence[Op]) -> FenceResult:
+    """Fences are unique, and if lease A was acknowledged before lease B was requested then
+    ``fence(A) < fence(B)``."""
+    acquired = [
+        op
+        for op in ops
+        if op.kind == "acquire"
+        and op.status == "ok"
+        and op.fence is not None
+        and op.done_ns is not None
+    ]
+    counts = Counter(op.fence for op in acquired)
+    duplicates = sum(c - 1 for c in counts.values() if c > 1)
+    by_done = sorted(acquired, key=lambda op: op.done_ns or 0)
+    done_times = [op.done_ns or 0 for op in by_done]
+    prefix: list[int] = []
+    best = -1
+    for op in by_done:
+        best = max(best, op.fence or 0)
+        prefix.append(best)
+    bad: list[tuple[int, int]] = []
+    for op in acquired:
+        i = bisect.bisect_left(done_times, op.invoke_ns)
+        if i > 0 and prefix[i - 1] >= (op.fence or 0):
+            bad.append((prefix[i - 1], op.fence or 0))
+    return FenceResult(len(acquired), duplicates, len(bad), tuple(bad[:5]))
+
+
+# --------------------------------------------------------------------------------------------
+# lease overlap
+
+
+@dataclass(frozen=True)
+class LeaseWindow:
+    """A granted lease: it may act in ``[start_ns, end_ns]``, where ``end_ns`` is the end of
+    its validity or its release, whichever came first; ``used_until_ns`` is when the holder
+    last acted (it may be later than ``end_ns`` after a pause)."""
+
+    worker: int
+    iteration: int
+    fence: int
+    start_ns: int
+    end_ns: int
+    used_until_ns: int
+
+
+def lease_windows(ops: Sequence[Op]) -> list[LeaseWindow]:
+    """Build each lease's window from a history: [acquire ok, min(validity end, release
+    sent)], and how long the holder kept acting (its last operation's completion)."""
+    groups: dict[tuple[int, int], list[Op]] = {}
+    for op in ops:
+        groups.setdefault((op.worker, op.iteration), []).append(op)
+    windows: list[LeaseWindow] = []
+    for (worker, iteration), group in groups.items():
+        acq = next((o for o in group if o.kind == "acquire" and o.status == "ok"), None)
+        if acq is None or acq.done_ns is None or acq.until_ns is None:
+            continue
+        end = acq.until_ns
+        used = acq.done_ns
+        for o in group:
+            if o is acq:
+                continue
+            if o.kind == "release":
+                end = min(end, o.invoke_ns)
+                used = max(used, o.invoke_ns)
+            else:
+                used = max(used, o.done_ns if o.done_ns is not None else o.invoke_ns)
+        windows.append(
+            LeaseWindow(worker, iteration, acq.fence or 0, acq.done_ns, max(end, acq.done_ns), used)
+        )
+    windows.sort(key=lambda w: w.start_ns)
+    return windows
+
+
+@dataclass(frozen=True)
+class OverlapResult:
+    """``double_grants``: later leases granted while an earlier one was still valid (two valid
+    leases at once: a lock safety violation, e.g. a server restarted without persistence or a
+    server clock jump). ``outlived``: holders that kept acting past the end of their validity
+    while a later lease had been granted (expected under pauses; only fencing makes it
+    harmless), counted once per such holder."""
+
+    leases: int
+    double_grants: int
+    outlived: int
+    examples: tuple[tuple[LeaseWindow, LeaseWindow], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.double_grants == 0
+
+
+def check_lease_overlap(windows: Iterable[LeaseWindow]) -> OverlapResult:
+    """Validity windows of one key must not overlap (see :class:`OverlapResult`)."""
+    ordered = sorted(windows, key=lambda w: w.start_ns)
+    starts = [w.start_ns for w in ordered]
+    double = 0
+    examples: list[tuple[LeaseWindow, LeaseWindow]] = []
+    latest_end: LeaseWindow | None = None  # the earlier lease whose validity ends last
+    for w in ordered:
+        if latest_end is not None and latest_end.end_ns > w.start_ns:
+            double += 1
+            if len(examples) < 5:
+                examples.append((latest_end, w))
+        if latest_end is None or w.end_ns > latest_end.end_ns:
+            latest_end = w
+    outlived = 0
+    for w in ordered:
+        if w.used_until_ns <= w.end_ns:
+            continue
+        # a later lease granted after this one's validity ended but before it stopped acting
+        i = bisect.bisect_right(starts, w.end_ns)
+        if i < len(starts) and starts[i] < w.used_until_ns:
+            outlived += 1
+    return OverlapResult(len(ordered), double, outlived, tuple(examples))
+
+
+def unfenced_overlaps(ops: Sequence[Op]) -> int:
+    """Canary writes acknowledged after another worker had acquired the lock since the writer
+    did: exactly the writes fencing would have refused once the newer holder claimed the
+    resource. Real-time order only; no fence is trusted."""
+    acquired = sorted(
+        (
+            (op.done_ns, op.worker, op.iteration)
+            for op in ops
+            if op.kind == "acquire" and op.status == "ok" and op.done_ns is not None
+        ),
+    )
+    times = [a[0] for a in acquired]
+    own: dict[tuple[int, int], int] = {
+        (op.worker, op.iteration): op.done_ns
+        for op in ops
+        if op.kind == "acquire" and op.status == "ok" and op.done_ns is not None
+    }
+    count = 0
+    for op in ops:
+        if op.kind != "canary-write" or op.status != "ok":
+            continue
+        mine = own.get((op.worker, op.iteration))
+        if mine is None:
+            continue
+        lo = bisect.bisect_right(times, mine)
+        hi = bisect.bisect_left(times, op.invoke_ns)
+        if any(
+            acquired[i][1] != op.worker or acquired[i][2] != op.iteration for i in range(lo, hi)
+        ):
+            count += 1
+    return count
+
+
+# --------------------------------------------------------------------------------------------
+# liveness
+
+
+@dataclass(frozen=True)
+class LivenessResult:
+    """Delay from each heal to the next acquisition (seconds; ``None``: none before the end).
+    ``late``: heals not followed by an acquisition within the bound."""
+
+    bound_s: float
+    delays_s: tuple[float | None, ...]
+    late: int
+    examples: tuple[tuple[int, float | None], ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.late == 0
+
+    @property
+    def max_delay_s(self) -> float | None:
+        known = [d for d in self.delays_s if d is not None]
+        return max(known) if known else None
+
+    @property
+    def median_delay_s(self) -> float | None:
+        known = sorted(d for d in self.delays_s if d is not None)
+        return known[len(known) // 2] if known else None
+
+
+def check_liveness(
+    heals_ns: Sequence[int], acquired_ns: Sequence[int], *, end_ns: int, bound_s: float
+) -> LivenessResult:
+    """After each heal, the next acquisition must come within ``bound_s`` seconds (the brief's
+    bound: TTL + max retry delay + a margin). A heal closer than ``bound_s`` to ``end_ns``
+    (the end of the observation) counts only if an acquisition came."""
+    times = sorted(acquired_ns)
+    bound_ns = int(bound_s * 1e9)
+    delays: list[float | None] = []
+    late = 0
+    examples: list[tuple[int, float | None]] = []
+    for heal in heals_ns:
+        i = bisect.bisect_left(times, heal)
+        if i < len(times):
+            delay = (times[i] - heal) / 1e9
+            delays.append(delay)
+            if times[i] - heal > bound_ns:
+                late += 1
+                examples.append((heal, delay))
+        else:
+            delays.append(None)
+            if end_ns - heal > bound_ns:
+                late += 1
+                examples.append((heal, None))
+    return LivenessResult(bound_s, tuple(delays), late, tuple(examples[:5]))
