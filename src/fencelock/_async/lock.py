@@ -60,7 +60,7 @@ from ..options import (
     check_key,
     seconds,
 )
-from .fanout import fan_out, run_in_background
+from .fanout import Stragglers, fan_out, run_in_background
 from .node import AsyncNode
 
 log = logging.getLogger("fencelock.lock")
@@ -297,14 +297,16 @@ class Lock:
         tally = Tally(len(nodes))
         cancels_before = _cancel_requests()
         start = time.monotonic()
+        stragglers = None
         try:
-            await fan_out(
+            stragglers = await fan_out(
                 tally,
                 range(len(nodes)),
                 lambda i: nodes[i].run(ACQUIRE, self._acquire_keys, args),
                 classify_acquire,
                 budget_s=self._budget,
                 stop=lambda t: t.won,
+                keep_stragglers=True,
             )
             decision = decide_acquire(
                 tally,
@@ -315,12 +317,14 @@ class Lock:
             )
             if decision.status is Status.GRANTED and needs_commit(len(nodes)):
                 decision = await self._commit_fence(token, decision, tally, start)
+            if stragglers is not None and decision.status is not Status.GRANTED:
+                await stragglers.settle()  # so the cleanup cannot overtake their SET
             if _cancel_requests() > cancels_before:
                 # Python <= 3.11: redis-py's wait_for can swallow a cancellation that lands as a
                 # command completes. The caller asked to stop: honour it, leave nothing behind.
                 raise asyncio.CancelledError()
         except BaseException:
-            await _shielded(self._cleanup(token))
+            await _shielded(self._cleanup(token, stragglers))
             raise
         if decision.status is Status.GRANTED:
             log.debug("acquired %r fence=%d", self.key, decision.fence)
@@ -357,8 +361,12 @@ class Lock:
             return AcquireDecision(Status.UNAVAILABLE if not commit.won else Status.TOO_SLOW)
         return replace(decision, validity_ms=validity)
 
-    async def _cleanup(self, token: str) -> None:
+    async def _cleanup(self, token: str, stragglers: Stragglers | None = None) -> None:
+        """Release ``token`` everywhere after a failed or cancelled round (after waiting for the
+        round's stragglers, whose SET could otherwise land after the release)."""
         try:
+            if stragglers is not None:
+                await stragglers.settle()
             await self._release_round(token)
         except Exception as exc:
             log.debug("cleanup of %r failed: %s", self.key, exc)

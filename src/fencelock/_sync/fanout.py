@@ -20,6 +20,52 @@ from .node import Node
 Classify = Callable[[object], tuple[Outcome, object]]
 
 
+class Stragglers:
+    """Servers of a decided round whose replies are still on the way.
+
+    :meth:`park` leaves them to their nodes (drained at a later checkout); :meth:`settle` waits
+    for them (to the round's deadline, recording their votes), so that a cleanup sent next cannot
+    overtake their command on the server (the cleanup travels on another connection).
+    """
+
+    def __init__(
+        self, selector: Any, tally: Tally, nodes: Sequence[Node], call: _Call, deadline: float
+    ) -> None:
+        self._selector = selector
+        self._tally = tally
+        self._nodes = nodes
+        self._call = call
+        self._deadline = deadline
+
+    def park(self) -> None:
+        for key in list(self._selector.get_map().values()):
+            index, conn = key.data
+            self._nodes[index].park(conn)
+        self._selector.close()
+
+    def settle(self) -> None:
+        try:
+            _collect(self._selector, self._tally, self._nodes, self._call, self._deadline, None)
+        finally:
+            self._selector.close()
+
+
+class _Call:
+    def __init__(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        classify: Classify,
+        budget_s: float,
+    ) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.classify = classify
+        self.budget_s = budget_s
+
+
 def fan_out(
     tally: Tally,
     nodes: Sequence[Node],
@@ -31,12 +77,15 @@ def fan_out(
     *,
     budget_s: float,
     stop: Callable[[Tally], bool] | None = None,
-) -> None:
+    keep_stragglers: bool = False,
+) -> Stragglers | None:
     """Run ``script`` on every target server, recording each vote in ``tally``.
 
     Returns as soon as ``stop(tally)`` is true, when every target answered, or when
     ``budget_s`` ran out (silent targets are recorded as ``TimeoutError`` votes). Every failure
-    is a vote, never an exception. One target is called inline.
+    is a vote, never an exception. One target is called inline. Servers still owing a reply
+    after an early stop are parked on their nodes, or returned as :class:`Stragglers` with
+    ``keep_stragglers``.
     """
     if len(targets) == 1:
         index = targets[0]
@@ -45,7 +94,8 @@ def fan_out(
         except Exception as exc:
             result = exc
         tally.record(index, *classify(result))
-        return
+        return None
+    call = _Call(script, keys, args, classify, budget_s)
     selector = selectors.DefaultSelector()
     try:
         for index in targets:
@@ -60,28 +110,42 @@ def fan_out(
                     node.discard(conn)
                 tally.record(index, *classify(exc))
         deadline = time.monotonic() + budget_s
-        while selector.get_map() and not (stop is not None and stop(tally)):
-            events = selector.select(max(0.0, deadline - time.monotonic()))
-            if not events:
-                _time_out(selector, tally, nodes, budget_s)
-                break
-            for key, _ in events:
-                index, conn = key.data
-                selector.unregister(key.fileobj)
-                node = nodes[index]
-                try:
-                    result = node.receive(conn, script, keys, args)
-                except Exception as exc:
-                    node.discard(conn)
-                    result = exc
-                else:
-                    node.checkin(conn)
-                tally.record(index, *classify(result))
-        for key in list(selector.get_map().values()):
+        _collect(selector, tally, nodes, call, deadline, stop)
+    except BaseException:
+        Stragglers(selector, tally, nodes, call, 0.0).park()
+        raise
+    stragglers = Stragglers(selector, tally, nodes, call, deadline)
+    if keep_stragglers and selector.get_map():
+        return stragglers
+    stragglers.park()
+    return None
+
+
+def _collect(
+    selector: Any,
+    tally: Tally,
+    nodes: Sequence[Node],
+    call: _Call,
+    deadline: float,
+    stop: Callable[[Tally], bool] | None,
+) -> None:
+    while selector.get_map() and not (stop is not None and stop(tally)):
+        events = selector.select(max(0.0, deadline - time.monotonic()))
+        if not events:
+            _time_out(selector, tally, nodes, call.budget_s)
+            return
+        for key, _ in events:
             index, conn = key.data
-            nodes[index].park(conn)
-    finally:
-        selector.close()
+            selector.unregister(key.fileobj)
+            node = nodes[index]
+            try:
+                result: object = node.receive(conn, call.script, call.keys, call.args)
+            except Exception as exc:
+                node.discard(conn)
+                result = exc
+            else:
+                node.checkin(conn)
+            tally.record(index, *call.classify(result))
 
 
 def _time_out(selector: Any, tally: Tally, nodes: Sequence[Node], budget_s: float) -> None:

@@ -301,8 +301,9 @@ class Lock:
         nodes = self._nodes
         tally = Tally(len(nodes))
         start = time.monotonic()
+        stragglers = None
         try:
-            fan_out(
+            stragglers = fan_out(
                 tally,
                 nodes,
                 range(len(nodes)),
@@ -312,6 +313,7 @@ class Lock:
                 classify_acquire,
                 budget_s=self._budget,
                 stop=lambda t: t.won,
+                keep_stragglers=True,
             )
             decision = decide_acquire(
                 tally,
@@ -323,8 +325,15 @@ class Lock:
             if decision.status is Status.GRANTED and needs_commit(len(nodes)):
                 decision = self._commit_fence(token, decision, tally, start)
         except BaseException:
+            if stragglers is not None:
+                stragglers.park()
             self._cleanup(token)
             raise
+        if stragglers is not None:
+            if decision.status is Status.GRANTED:
+                stragglers.park()
+            else:
+                stragglers.settle()  # so the cleanup cannot overtake their SET on the server
         if decision.status is Status.GRANTED:
             log.debug("acquired %r fence=%d", self.key, decision.fence)
             return Lease(self, token, decision.fence, start + decision.validity_ms / 1000, start)
