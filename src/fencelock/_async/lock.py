@@ -13,7 +13,6 @@ import asyncio
 import logging
 import random
 import time
-import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -39,12 +38,12 @@ from .._common import (
 )
 from .._core.backoff import retry_delay_s
 from .._core.fencing import needs_commit
-from .._core.keys import lock_keys
 from .._core.quorum import Outcome, Tally, summary
 from .._core.rounds import AcquireDecision, Status, decide_acquire, decide_confirm, lost_for_sure
 from .._core.timing import drift_ms, seconds_to_ms
 from .._scripts import ACQUIRE, EXTEND, FENCE_COMMIT, RELEASE
 from .._servers_spec import split_servers
+from .._shells import LeaseBase, LockBase
 from ..errors import ConfigError, LockLost, Unavailable
 from ..options import (
     DEFAULT_TTL,
@@ -54,7 +53,6 @@ from ..options import (
     HANDOFF_WINDOW,
     RETRY_BASE,
     RETRY_CAP,
-    WAKE_LIFETIME,
     LockOptions,
     Seconds,
     check_key,
@@ -97,11 +95,13 @@ async def _wrap(coro: Awaitable[Any]) -> Any:
     return await coro
 
 
-class Lock:
+class Lock(LockBase):
     """The asyncio twin of :class:`fencelock.Lock`; same arguments, same meaning (seconds).
 
     Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
     """
+
+    _nodes: list[AsyncNode]
 
     def __init__(
         self,
@@ -136,39 +136,8 @@ class Lock:
         )
         specs = split_servers(servers, (aredis.Redis,))
         self._nodes = [AsyncNode(spec, self.options.server_timeout) for spec in specs]
-        self._keys = lock_keys(self.key)
-        self._ttl_ms = seconds_to_ms(self.options.ttl)
-        self._drift_ms = drift_ms(
-            self._ttl_ms, self.options.drift_factor, self.options.drift_min * 1000
-        )
-        self._budget = 2 * self.options.server_timeout + 0.05
-        self._independent = len(self._nodes) == 1
-        self._run_ids: dict[int, str] = {}
-        self._recheck_at: dict[int, float] = {}
+        self._configure()
         self._independence_lock: asyncio.Lock | None = None
-        k = self._keys
-        self._acquire_keys = (k.lock, k.fence, k.holder, k.waiters, k.handoff)
-        self._release_keys = (k.lock, k.holder, k.waiters, k.wake, k.handoff)
-        self._release_tail = (
-            seconds_to_ms(self.options.handoff_window) if self.options.handoff_window else 1,
-            seconds_to_ms(WAKE_LIFETIME),
-        )
-        n = len(self._nodes)
-        if n > 1 and (n % 2 == 0 or n < 3):
-            warnings.warn(
-                f"{n} servers: an odd number of at least 3 tolerates the most failures "
-                f"(majority is {n // 2 + 1})",
-                stacklevel=2,
-            )
-
-    @property
-    def servers(self) -> list[str]:
-        """Password-free names of the servers, in order."""
-        return [node.name for node in self._nodes]
-
-    @property
-    def ttl(self) -> float:
-        return self.options.ttl
 
     async def acquire(self, wait: Seconds = _UNSET) -> Lease:
         """Acquire, waiting up to ``wait`` seconds (default: the lock's ``wait``).
@@ -260,9 +229,6 @@ class Lock:
         """Close this lock's connections."""
         for node in self._nodes:
             await node.aclose()
-
-    def __repr__(self) -> str:
-        return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl})"
 
     # -- rounds -------------------------------------------------------------------------------
 
@@ -418,43 +384,20 @@ class Lock:
         return False
 
 
-class Lease:
+class Lease(LeaseBase):
     """One acquisition (asyncio): ``token``, ``fence``, ``remaining()``; ``lost`` is an
     :class:`asyncio.Event` set as soon as the lease is known lost."""
 
+    lost: asyncio.Event
+
     def __init__(self, lock: Lock, token: str, fence: int, deadline: float, start: float) -> None:
+        super().__init__(lock.key, token, fence, deadline, start)
         self.lock = lock
-        self.key = lock.key
-        self.token = token
-        self.fence = fence
-        self.acquired_at = start
-        self._deadline = deadline
         self.lost = asyncio.Event()
-        self.lost_reason: str | None = None
-        self._released = False
         self._callbacks: list[LostCallback] = []
         self._renewal: asyncio.Future[Any] | None = None
         self._body: asyncio.Task[Any] | None = None
         self._cancelled_body = False
-
-    def remaining(self) -> float:
-        """Seconds of validity left, on the monotonic clock; 0.0 once released or lost."""
-        if self._released or self.lost.is_set():
-            return 0.0
-        return max(0.0, self._deadline - time.monotonic())
-
-    @property
-    def valid(self) -> bool:
-        return self.remaining() > 0.0
-
-    def ensure_valid(self) -> None:
-        """Raise :class:`~fencelock.LockLost` unless the lease is still valid (a local check)."""
-        if self.lost.is_set():
-            raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
-        if self._released:
-            raise LockLost(self.key, f"{self.key!r}: lease already released")
-        if self.remaining() <= 0.0:
-            raise LockLost(self.key, f"{self.key!r}: lease expired")
 
     async def extend(self, ttl: Seconds | None = None) -> None:
         """Restart the lease at ``ttl`` seconds (default: the lock's ttl) on a majority.
@@ -463,10 +406,7 @@ class Lease:
         :class:`~fencelock.Unavailable` (too few answers while still valid).
         """
         ttl_s = self.lock.options.ttl if ttl is None else seconds(ttl, "ttl")
-        if self._released:
-            raise LockLost(self.key, f"{self.key!r}: lease already released")
-        if self.lost.is_set():
-            raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
+        self._check_usable()
         start = time.monotonic()
         tally, validity = await self.lock._extend_round(self.token, seconds_to_ms(ttl_s))
         if validity > 0:
@@ -548,12 +488,6 @@ class Lease:
             self._cancelled_body = True
             body.cancel()
 
-    def _run_callback(self, callback: LostCallback) -> None:
-        try:
-            callback(self)
-        except Exception:
-            log.exception("on_lost callback for %r failed", self.key)
-
     async def _release_quietly(self) -> None:
         try:
             await self.release()
@@ -574,13 +508,6 @@ class Lease:
             await self._release_quietly()
         else:
             await self.release()
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost.is_set() else "released" if self._released else "held"
-        return (
-            f"Lease({self.key!r}, fence={self.fence}, token={self.token[:8]}…, {state}, "
-            f"remaining={self.remaining():.3f}s)"
-        )
 
 
 async def _late_release(

@@ -6,7 +6,6 @@ import logging
 import random
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,12 +31,12 @@ from .._common import (
 )
 from .._core.backoff import retry_delay_s
 from .._core.fencing import needs_commit
-from .._core.keys import lock_keys
 from .._core.quorum import Outcome, Tally, summary
 from .._core.rounds import AcquireDecision, Status, decide_acquire, decide_confirm, lost_for_sure
 from .._core.timing import drift_ms, seconds_to_ms
 from .._scripts import ACQUIRE, EXTEND, FENCE_COMMIT, RELEASE
 from .._servers_spec import split_servers
+from .._shells import LeaseBase, LockBase
 from ..errors import ConfigError, LockLost, Unavailable
 from ..options import (
     DEFAULT_TTL,
@@ -47,14 +46,13 @@ from ..options import (
     HANDOFF_WINDOW,
     RETRY_BASE,
     RETRY_CAP,
-    WAKE_LIFETIME,
     LockOptions,
     Seconds,
     check_key,
     seconds,
 )
 from .fanout import fan_out
-from .node import shared_node
+from .node import Node, shared_node
 from .watchdog import LateRelease
 
 log = logging.getLogger("fencelock.lock")
@@ -72,7 +70,7 @@ class _Unset:
 _UNSET: Any = _Unset()
 
 
-class Lock:
+class Lock(LockBase):
     """A lock definition: servers, key, lease length, default wait. Safe to share between threads.
 
     ``servers`` is a URL (``redis://host:port/db``, ``valkey://``, ``rediss://``, ``unix://``),
@@ -93,6 +91,8 @@ class Lock:
 
     Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
     """
+
+    _nodes: list[Node]
 
     def __init__(
         self,
@@ -127,41 +127,10 @@ class Lock:
         )
         specs = split_servers(servers, (redis.Redis,))
         self._nodes = [shared_node(spec, self.options.server_timeout) for spec in specs]
-        self._keys = lock_keys(self.key)
-        self._ttl_ms = seconds_to_ms(self.options.ttl)
-        self._drift_ms = drift_ms(
-            self._ttl_ms, self.options.drift_factor, self.options.drift_min * 1000
-        )
-        self._budget = 2 * self.options.server_timeout + 0.05
-        self._independent = len(self._nodes) == 1
-        self._run_ids: dict[int, str] = {}
-        self._recheck_at: dict[int, float] = {}
+        self._configure()
         self._independence_lock = threading.Lock()
-        k = self._keys
-        self._acquire_keys = (k.lock, k.fence, k.holder, k.waiters, k.handoff)
-        self._release_keys = (k.lock, k.holder, k.waiters, k.wake, k.handoff)
-        self._release_tail = (
-            seconds_to_ms(self.options.handoff_window) if self.options.handoff_window else 1,
-            seconds_to_ms(WAKE_LIFETIME),
-        )
-        n = len(self._nodes)
-        if n > 1 and (n % 2 == 0 or n < 3):
-            warnings.warn(
-                f"{n} servers: an odd number of at least 3 tolerates the most failures "
-                f"(majority is {n // 2 + 1})",
-                stacklevel=2,
-            )
 
     # -- public API ---------------------------------------------------------------------------
-
-    @property
-    def servers(self) -> list[str]:
-        """Password-free names of the servers, in order."""
-        return [node.name for node in self._nodes]
-
-    @property
-    def ttl(self) -> float:
-        return self.options.ttl
 
     def acquire(self, wait: Seconds = _UNSET) -> Lease:
         """Acquire, waiting up to ``wait`` seconds (default: the lock's ``wait``).
@@ -265,9 +234,6 @@ class Lock:
         """Let go of this lock's connections (shared with other Locks on the same servers; they
         close when no Lock uses them). Leases already handed out stay valid on the server."""
         self._nodes = []
-
-    def __repr__(self) -> str:
-        return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl})"
 
     # -- rounds -------------------------------------------------------------------------------
 
@@ -433,45 +399,22 @@ class Lock:
         return False
 
 
-class Lease:
+class Lease(LeaseBase):
     """One acquisition: the proof of ownership (``token``), the fencing number (``fence``) and
     the validity (``remaining()``). Hand ``fence`` to storage with every write.
 
     ``lost`` is a :class:`threading.Event` set as soon as the lease is known lost.
     """
 
+    lost: threading.Event
+
     def __init__(self, lock: Lock, token: str, fence: int, deadline: float, start: float) -> None:
+        super().__init__(lock.key, token, fence, deadline, start)
         self.lock = lock
-        self.key = lock.key
-        self.token = token
-        self.fence = fence
-        self.acquired_at = start  # time.monotonic() when the winning round started
-        self._deadline = deadline
         self.lost = threading.Event()
-        self.lost_reason: str | None = None
-        self._released = False
         self._callbacks: list[LostCallback] = []
         self._state = threading.Lock()
         self._renewal: Any = None
-
-    def remaining(self) -> float:
-        """Seconds of validity left, on the monotonic clock; 0.0 once released or lost."""
-        if self._released or self.lost.is_set():
-            return 0.0
-        return max(0.0, self._deadline - time.monotonic())
-
-    @property
-    def valid(self) -> bool:
-        return self.remaining() > 0.0
-
-    def ensure_valid(self) -> None:
-        """Raise :class:`~fencelock.LockLost` unless the lease is still valid (a local check)."""
-        if self.lost.is_set():
-            raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
-        if self._released:
-            raise LockLost(self.key, f"{self.key!r}: lease already released")
-        if self.remaining() <= 0.0:
-            raise LockLost(self.key, f"{self.key!r}: lease expired")
 
     def extend(self, ttl: Seconds | None = None) -> None:
         """Restart the lease at ``ttl`` seconds (default: the lock's ttl) on a majority.
@@ -481,10 +424,7 @@ class Lease:
         lease was still valid.
         """
         ttl_s = self.lock.options.ttl if ttl is None else seconds(ttl, "ttl")
-        if self._released:
-            raise LockLost(self.key, f"{self.key!r}: lease already released")
-        if self.lost.is_set():
-            raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
+        self._check_usable()
         start = time.monotonic()
         tally, validity = self.lock._extend_round(self.token, seconds_to_ms(ttl_s))
         if validity > 0:
@@ -569,12 +509,6 @@ class Lease:
         for callback in callbacks:
             self._run_callback(callback)
 
-    def _run_callback(self, callback: LostCallback) -> None:
-        try:
-            callback(self)
-        except Exception:
-            log.exception("on_lost callback for %r failed", self.key)
-
     def _release_quietly(self) -> None:
         try:
             self.release()
@@ -603,10 +537,3 @@ class Lease:
             self._release_quietly()
         else:
             self.release()
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost.is_set() else "released" if self._released else "held"
-        return (
-            f"Lease({self.key!r}, fence={self.fence}, token={self.token[:8]}…, {state}, "
-            f"remaining={self.remaining():.3f}s)"
-        )
