@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,12 @@ class AsyncNode:
         self.client = self._make_client(timeout)
         # execute_command is untyped in redis-py; one typed handle, looked up once
         self._execute: Callable[..., Any] = self.client.execute_command
-        self._new_connection: Callable[[], Any] = self.client.connection_pool.make_connection
+        # Our own connections are made directly, not by the pool (which may count them against
+        # max_connections and would never learn about the ones we drop after a failure).
+        pool = self.client.connection_pool
+        self._new_connection: Callable[[], Any] = functools.partial(
+            pool.connection_class, **pool.connection_kwargs
+        )
         self._blocking: aredis.Redis | None = None
         self._idle: list[Any] = []  # connections not in use (run() takes one, gives it back)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import select
 import threading
 import time
@@ -39,6 +40,12 @@ class Node:
         self.client = self._make_client(timeout)
         # execute_command is untyped in redis-py; one typed handle, looked up once
         self._execute: Callable[..., Any] = self.client.execute_command
+        # Our own connections are made directly, not by the pool: the pool counts what it makes
+        # against max_connections and never learns about the ones we drop after a failure.
+        pool = self.client.connection_pool
+        self._new_connection: Callable[[], Any] = functools.partial(
+            pool.connection_class, **pool.connection_kwargs
+        )
         self._blocking: redis.Redis | None = None
         self._idle: list[Any] = []  # connections not in use
         self._parked: list[tuple[Any, float]] = []  # (connection, since): a reply to read
@@ -73,7 +80,7 @@ class Node:
             if sock is None or not select.select((sock,), (), (), 0)[0]:
                 return conn
             conn.disconnect()
-        return self.client.connection_pool.make_connection()
+        return self._new_connection()
 
     def _drain_parked(self) -> None:
         give_up = max(PARKED_GIVE_UP, 4 * self.timeout)
