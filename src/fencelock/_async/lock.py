@@ -157,7 +157,7 @@ class Lock(LockBase):
         deadline = loop.time() + wait_s
         attempt = 0
         woken = False
-        waiter = new_token()[:16]
+        waiter = new_token()[:16] if wait_s > 0 else "-"  # an id only for who will wait
         while True:
             attempt += 1
             outcome = await self._attempt(woken, waiter, patience_ms(deadline, loop.time()))
@@ -183,7 +183,7 @@ class Lock(LockBase):
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
         await self._check_independence()
-        outcome = await self._attempt(False, new_token()[:16], 0)
+        outcome = await self._attempt(False, "-", 0)
         if isinstance(outcome, Lease):
             return outcome
         decision, tally = outcome

@@ -149,7 +149,7 @@ class Lock(LockBase):
         deadline = time.monotonic() + wait_s
         attempt = 0
         woken = False
-        waiter = new_token()[:16]
+        waiter = new_token()[:16] if wait_s > 0 else "-"  # an id only for who will wait
         while True:
             attempt += 1
             outcome = self._attempt(woken, waiter, patience_ms(deadline, time.monotonic()))
@@ -175,7 +175,7 @@ class Lock(LockBase):
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
         self._check_independence()
-        outcome = self._attempt(False, new_token()[:16], 0)
+        outcome = self._attempt(False, "-", 0)
         if isinstance(outcome, Lease):
             return outcome
         decision, tally = outcome

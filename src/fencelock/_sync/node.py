@@ -22,6 +22,8 @@ from ..options import MAX_BLOCK
 PARKED_MAX = 16  # connections awaiting a straggler's reply, per server, at most
 # a reply still missing after this long (s) was lost on the way: drop the connection, try afresh
 PARKED_GIVE_UP = 1.0
+# an idle connection is checked for a close by the server only after this long (s)
+STALE_CHECK_AFTER = 0.05
 
 
 class Node:
@@ -47,7 +49,7 @@ class Node:
             pool.connection_class, **pool.connection_kwargs
         )
         self._blocking: redis.Redis | None = None
-        self._idle: list[Any] = []  # connections not in use
+        self._idle: list[tuple[Any, float]] = []  # (connection, idle since), not in use
         self._parked: list[tuple[Any, float]] = []  # (connection, since): a reply to read
         self._park_lock = threading.Lock()
 
@@ -73,11 +75,16 @@ class Node:
         if parked and time.monotonic() - parked[0][1] > self.timeout:
             raise TimeoutError(f"{self.name} has not answered an earlier command yet")
         while self._idle:
-            conn = self._idle.pop()
+            conn, since = self._idle.pop()
             sock = conn._sock
             # an idle connection has nothing to read, unless the server closed it meanwhile
-            # (restarted, a proxy reset): then it is readable (EOF) and must not be used
-            if sock is None or not select.select((sock,), (), (), 0)[0]:
+            # (restarted, a proxy reset): then it is readable (EOF) and must not be used. A
+            # connection used a moment ago is taken as it is (the check costs a system call).
+            if (
+                sock is None
+                or time.monotonic() - since < STALE_CHECK_AFTER
+                or not select.select((sock,), (), (), 0)[0]
+            ):
                 return conn
             conn.disconnect()
         return self._new_connection()
@@ -99,7 +106,7 @@ class Node:
                 ready = False
             self._parked.pop(0)
             if ready:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
             else:
                 conn.disconnect()
 
@@ -123,7 +130,7 @@ class Node:
             return conn.read_response()
 
     def checkin(self, conn: Any) -> None:
-        self._idle.append(conn)
+        self._idle.append((conn, time.monotonic()))
 
     def park(self, conn: Any) -> None:
         """A connection whose reply is still on the way (a straggler of a decided round)."""
@@ -167,7 +174,7 @@ class Node:
 
     def close(self) -> None:
         while self._idle:
-            self._idle.pop().disconnect()
+            self._idle.pop()[0].disconnect()
         while self._parked:
             self._parked.pop()[0].disconnect()
         self.client.close()
