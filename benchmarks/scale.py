@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    # each Lock opens its own connection (pools are per Lock): raise the server's client cap
+    # Locks on one server share its connections now; the raised client cap is kept only as a
+    # margin for the renewal pool's parallel calls
     with Server(extra_args=("--maxclients", str(args.leases + 1000))) as server:
         admin = server.client()
         info = admin.info("server")
