@@ -138,10 +138,6 @@ def pop_held(owner: object) -> Any:
     raise RuntimeError("__exit__ without a matching __enter__ in this thread or task")
 
 
-def mapping_names(nodes: Sequence[Any]) -> list[str]:
-    return [node.name for node in nodes]
-
-
 def register_server(
     seen: dict[int, str], index: int, run_id: str, role: str, names: Sequence[str]
 ) -> None:

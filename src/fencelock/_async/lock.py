@@ -244,7 +244,7 @@ class Lock(LockBase):
                 if index in self._run_ids or time.monotonic() < self._recheck_at.get(index, 0.0):
                     continue
                 try:
-                    run_id, role = await node.run_id(), await node.role()
+                    run_id, role = await node.identity()
                 except Exception as exc:  # unreachable now: checked again at a later acquire
                     level = logging.DEBUG if index in self._recheck_at else logging.WARNING
                     log.log(level, "identity check of %s failed: %s", node.name, exc)

@@ -101,13 +101,10 @@ class AsyncNode:
         blocking: Callable[..., Any] = self._blocking.execute_command
         return await blocking("BLPOP", key, timeout_s) is not None
 
-    async def run_id(self) -> str:
-        info: dict[str, Any] = await self._execute("INFO", "server")
-        return str(info.get("run_id", ""))
-
-    async def role(self) -> str:
-        info: dict[str, Any] = await self._execute("INFO", "replication")
-        return str(info.get("role", ""))
+    async def identity(self) -> tuple[str, str]:
+        """``(run_id, role)`` from one ``INFO`` round trip."""
+        info: dict[str, Any] = await self._execute("INFO")
+        return str(info.get("run_id", "")), str(info.get("role", ""))
 
     async def aclose(self) -> None:
         while self._idle:

@@ -53,7 +53,7 @@ from ..options import (
 )
 from .fanout import fan_out
 from .node import Node, shared_node
-from .watchdog import LateRelease
+from .watchdog import LateRelease, Renewal
 
 log = logging.getLogger("fencelock.lock")
 
@@ -249,7 +249,7 @@ class Lock(LockBase):
                 if index in self._run_ids or time.monotonic() < self._recheck_at.get(index, 0.0):
                     continue
                 try:
-                    run_id, role = node.run_id(), node.role()
+                    run_id, role = node.identity()
                 except Exception as exc:  # unreachable now: checked again at a later acquire
                     level = logging.DEBUG if index in self._recheck_at else logging.WARNING
                     log.log(level, "identity check of %s failed: %s", node.name, exc)
@@ -479,8 +479,6 @@ class Lease(LeaseBase):
         """Renew the lease in the background every ``every`` s (default ``ttl/3``) until it is
         released, lost, or ``max_hold`` seconds after it was acquired (then it is let expire
         and reported lost). One shared scheduler serves all leases; it holds them weakly."""
-        from .watchdog import Renewal
-
         every_s = self.lock.options.renew_every if every is None else seconds(every, "every")
         if every_s >= self.lock.options.ttl:
             raise ConfigError(

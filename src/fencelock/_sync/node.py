@@ -164,13 +164,10 @@ class Node:
         blocking: Callable[..., Any] = self._blocking.execute_command
         return blocking("BLPOP", key, timeout_s) is not None
 
-    def run_id(self) -> str:
-        info: dict[str, Any] = self._execute("INFO", "server")
-        return str(info.get("run_id", ""))
-
-    def role(self) -> str:
-        info: dict[str, Any] = self._execute("INFO", "replication")
-        return str(info.get("role", ""))
+    def identity(self) -> tuple[str, str]:
+        """``(run_id, role)`` from one ``INFO`` round trip."""
+        info: dict[str, Any] = self._execute("INFO")
+        return str(info.get("run_id", "")), str(info.get("role", ""))
 
     def close(self) -> None:
         while self._idle:

@@ -107,6 +107,7 @@ class Renewal:
 
     def tick(self) -> None:
         lost_reason: str | None = None
+        capped = False  # max_hold reached: let the lease run out before reporting it
         lease: Lease | None = None
         next_at: float | None = None
         with self._busy:
@@ -116,6 +117,7 @@ class Renewal:
             now = time.monotonic()
             if self.max_hold is not None and now - lease.acquired_at >= self.max_hold:
                 self.stopped = True
+                capped = True
                 lost_reason = f"max_hold of {self.max_hold} s reached; renewal stopped"
             else:
                 try:
@@ -142,7 +144,7 @@ class Renewal:
                             RETRY_FLOOR, min(self.every, remaining / 3)
                         )
         if lost_reason is not None:
-            if self.max_hold is not None and lost_reason.startswith("max_hold"):
+            if capped:
                 # let the lease run out on the servers, then report it lost
                 delay = max(0.0, lease.remaining())
                 timer = threading.Timer(delay, lease._mark_lost, args=(lost_reason,))
