@@ -1,9 +1,10 @@
 """fencelock: distributed locks with fencing tokens on Redis and Valkey.
 
->>> from fencelock import Lock, NotAcquired   # doctest: +SKIP
+>>> from fencelock import Client, Lock, NotAcquired   # doctest: +SKIP
 """
 
 from ._sync.lock import Lease, Lock
+from .client import Client
 from .errors import (
     ConfigError,
     FencelockError,
@@ -17,6 +18,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Client",
     "ConfigError",
     "FencelockError",
     "Lease",

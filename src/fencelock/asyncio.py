@@ -8,9 +8,11 @@ Same shape as the blocking API, awaitable::
 """
 
 from ._async.lock import Lease, Lock
+from .client import AsyncClient as Client
 from .errors import ConfigError, FencelockError, LockLost, NotAcquired, StaleFence, Unavailable
 
 __all__ = [
+    "Client",
     "ConfigError",
     "FencelockError",
     "Lease",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from .quorum import Outcome
 
 
 class ProtocolError(Exception):
@@ -51,3 +54,32 @@ def decode_flag(reply: object, script: str) -> bool:
     if value == 0:
         return False
     raise ProtocolError(f"{script}: unexpected reply {reply!r}")
+
+
+def classify_acquire(result: object) -> tuple[Outcome, object]:
+    """A vote from an acquire reply (or the error that replaced it)."""
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    try:
+        reply = decode_acquire(result)
+    except ProtocolError as exc:
+        return Outcome.ERROR, exc
+    return (Outcome.GRANTED if reply.granted else Outcome.HELD), reply
+
+
+def _flag_classifier(script: str) -> Callable[[object], tuple[Outcome, object]]:
+    def classify(result: object) -> tuple[Outcome, object]:
+        if isinstance(result, BaseException):
+            return Outcome.ERROR, result
+        try:
+            ok = decode_flag(result, script)
+        except ProtocolError as exc:
+            return Outcome.ERROR, exc
+        return (Outcome.GRANTED if ok else Outcome.HELD), result
+
+    return classify
+
+
+classify_release = _flag_classifier("release")
+classify_extend = _flag_classifier("extend")
+classify_commit = _flag_classifier("fence_commit")

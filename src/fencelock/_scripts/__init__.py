@@ -30,3 +30,4 @@ EXTEND = _load("extend", 2)
 FENCE_COMMIT = _load("fence_commit", 2)
 
 ALL = (ACQUIRE, RELEASE, EXTEND, FENCE_COMMIT)
+BY_NAME = {script.name: script for script in ALL}

@@ -1,0 +1,310 @@
+"""The asyncio driver: performs a flow's effects on the running event loop.
+
+It decides nothing (see the blocking driver). Each call of a round is one task that connects
+(if needed), handshakes and sends in one go, so connecting is part of the parallel round; the
+round waits for the tasks until its stop rule holds or its budget ends, and leaves stragglers
+running (bounded) in the background. No ``asyncio.wait_for`` anywhere: a call is bounded by
+aborting its connection, which cannot swallow a cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Any, TypeVar
+
+from .._core.effects import (
+    IDENTITIES,
+    NOW,
+    SETTLE,
+    Broadcast,
+    Effect,
+    Flow,
+    NotSent,
+    Pause,
+    Repeat,
+)
+from .._core.quorum import Tally
+from .._engine.resp import command
+from .._engine.server import Server
+from .._engine.wire import full_call, is_noscript, script_call
+from .._sync.background import background
+from .connection import AsyncConnection
+
+T = TypeVar("T")
+
+#: A straggler's reply still missing this long (s) after its round is given up.
+GIVE_UP_S = 1.0
+
+# Tasks left running after their round (stragglers, shielded cleanups): referenced here so
+# they are not garbage-collected mid-flight.
+_background: set[asyncio.Future[Any]] = set()
+
+
+def keep(task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    _background.add(task)
+    task.add_done_callback(_forget)
+    return task
+
+
+def _forget(task: asyncio.Future[Any]) -> None:
+    _background.discard(task)
+    if not task.cancelled():
+        task.exception()
+
+
+def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
+    entry = server.async_idle.get(id(loop))
+    if entry is None or entry[0]() is not loop:
+        entry = (weakref.ref(loop), [])
+        server.async_idle[id(loop)] = entry
+    pool: list[AsyncConnection] = entry[1]
+    return pool
+
+
+def take(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
+    pool = _pool(server, loop)
+    while pool:
+        conn = pool.pop()
+        if conn.usable:
+            return conn
+        conn.close()
+    return AsyncConnection(server.address)
+
+
+def _failed(server: Server, exc: BaseException) -> None:
+    if server.failed(f"{type(exc).__name__}: {exc}"):
+        background().watch(server)
+
+
+class _Call:
+    """One server's part of a round: a task, and whether its late NOSCRIPT may still run."""
+
+    __slots__ = ("conn", "index", "server", "task")
+
+    def __init__(self, index: int, server: Server, conn: AsyncConnection) -> None:
+        self.index = index
+        self.server = server
+        self.conn = conn
+        self.task: asyncio.Task[object] | None = None
+
+
+class _Round:
+    def __init__(self, effect: Broadcast, deadline: float) -> None:
+        self.effect = effect
+        self.deadline = deadline
+        self.calls: dict[asyncio.Future[Any], _Call] = {}
+        self.collecting = True  # False once parked: a late NOSCRIPT runs only if effect.land
+
+    async def call(self, call: _Call) -> object:
+        effect = self.effect
+        server = call.server
+        script, payload = script_call(server, effect.script, effect.keys, effect.args)
+        replies = await call.conn.request(payload, 1)
+        if is_noscript(replies[0]):
+            server.loaded.discard(script.sha)
+            if self.collecting or effect.land:
+                replies = await call.conn.request(full_call(script, effect.keys, effect.args), 1)
+        if not is_noscript(replies[0]):
+            server.loaded.add(script.sha)
+        server.learned(call.conn.identity)
+        server.answered()
+        _pool(server, asyncio.get_running_loop()).append(call.conn)
+        return replies[0]
+
+
+class AsyncDriver:
+    """Runs flows against ``servers`` on the running loop."""
+
+    def __init__(self, servers: tuple[Server, ...], timeout_s: float) -> None:
+        self.servers = servers
+        self.timeout_s = timeout_s
+
+    async def run(self, flow: Flow[T]) -> T:
+        """Drive ``flow`` to its end. A cancellation (or any exception) while an effect is
+        performed is thrown into the flow; the flow's cleanup then runs in a task of its own
+        that a second cancellation cannot stop, and the exception propagates."""
+        answer: Any = None
+        pending: _Round | None = None
+        while True:
+            try:
+                effect = flow.send(answer)
+            except StopIteration as stop:
+                self._park(pending)
+                result: T = stop.value
+                return result
+            except BaseException:
+                self._park(pending)
+                raise
+            try:
+                if pending is not None and effect is not SETTLE:
+                    self._park(pending)
+                    pending = None
+                answer, pending = await self._perform(effect, pending)
+            except BaseException as exc:
+                rest = keep(asyncio.ensure_future(self._finish(flow, exc, pending)))
+                return await asyncio.shield(rest)  # type: ignore[no-any-return]
+
+    async def _finish(self, flow: Flow[T], error: BaseException, pending: _Round | None) -> T:
+        """Throw ``error`` into ``flow`` and perform what it yields while cleaning up."""
+        answer: Any = None
+        thrown: BaseException | None = error
+        while True:
+            try:
+                effect = flow.throw(thrown) if thrown is not None else flow.send(answer)
+            except StopIteration as stop:
+                self._park(pending)
+                result: T = stop.value
+                return result
+            thrown = None
+            try:
+                if pending is not None and effect is not SETTLE:
+                    self._park(pending)
+                    pending = None
+                answer, pending = await self._perform(effect, pending)
+            except BaseException as exc:
+                answer, thrown = None, exc
+
+    async def _perform(self, effect: Effect, pending: _Round | None) -> tuple[Any, _Round | None]:
+        if effect is NOW:
+            return time.monotonic(), pending
+        if isinstance(effect, Broadcast):
+            return await self._broadcast(effect)
+        if effect is SETTLE:
+            if pending is None:
+                raise RuntimeError("SETTLE without a round in flight")
+            await self._collect(pending, settle=True)
+            return pending.effect.tally, None
+        if isinstance(effect, Pause):
+            return await self._pause(effect), pending
+        if isinstance(effect, Repeat):
+            until = time.monotonic() + effect.until_s
+            for index in effect.targets:
+                background().repeat(
+                    self.servers[index], effect.script, effect.keys, effect.args, until
+                )
+            return None, pending
+        if effect is IDENTITIES:
+            return tuple(server.identity for server in self.servers), pending
+        raise TypeError(f"unknown effect {effect!r}")
+
+    async def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
+        loop = asyncio.get_running_loop()
+        tally = effect.tally
+        round_ = _Round(effect, time.monotonic() + effect.budget_s)
+        for index in effect.targets:
+            server = self.servers[index]
+            if server.health.suspect:
+                tally.record(index, *effect.classify(NotSent(f"suspect: {server.health.reason}")))
+                continue
+            call = _Call(index, server, take(server, loop))
+            task = loop.create_task(round_.call(call))
+            call.task = task
+            round_.calls[task] = call
+        try:
+            await self._collect(round_, settle=False)
+        except BaseException:
+            self._park(round_)
+            raise
+        return tally, (round_ if round_.calls else None)
+
+    async def _collect(self, round_: _Round, *, settle: bool) -> None:
+        effect = round_.effect
+        tally = effect.tally
+        stop = None if settle else effect.stop
+        calls = round_.calls
+        while calls and not (stop is not None and stop(tally)):
+            timeout = round_.deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            done, _ = await asyncio.wait(
+                set(calls), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                call = calls.pop(task)
+                exc = task.exception()
+                if exc is not None:
+                    call.conn.close()
+                    _failed(call.server, exc)
+                    tally.record(call.index, *effect.classify(exc))
+                else:
+                    tally.record(call.index, *effect.classify(task.result()))
+        if calls and time.monotonic() >= round_.deadline:
+            for task, call in list(calls.items()):
+                del calls[task]
+                task.cancel()
+                call.conn.close()
+                exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
+                _failed(call.server, exc)
+                tally.record(call.index, *effect.classify(exc))
+
+    def _park(self, round_: _Round | None) -> None:
+        """Leave a decided round's stragglers running, bounded: the server is suspect if it
+        stays silent past the round's deadline, the call is abandoned after GIVE_UP_S."""
+        if round_ is None or not round_.calls:
+            return
+        round_.collecting = False
+        loop = asyncio.get_running_loop()
+        for task, call in list(round_.calls.items()):
+            keep(task)
+            suspect = loop.call_at(
+                _loop_time(loop, round_.deadline), _suspect_if_silent, task, call.server
+            )
+            give_up = loop.call_at(
+                _loop_time(loop, max(round_.deadline, time.monotonic() + GIVE_UP_S)), task.cancel
+            )
+            task.add_done_callback(
+                lambda t, c=call, s=suspect, g=give_up: _straggler_done(t, c, s, g)
+            )
+        round_.calls.clear()
+
+    async def _pause(self, effect: Pause) -> bool:
+        delay = effect.delay_s
+        if delay < 0.001:
+            return False
+        if effect.wake is None or self.servers[effect.wake[0]].health.suspect:
+            await asyncio.sleep(delay)
+            return False
+        loop = asyncio.get_running_loop()
+        server = self.servers[effect.wake[0]]
+        conn = take(server, loop)
+        started = time.monotonic()
+        timer = loop.call_later(delay + self.timeout_s, conn.close)
+        try:
+            replies = await conn.request(command("BLPOP", effect.wake[1], f"{delay:.3f}"), 1)
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        except Exception as exc:
+            conn.close()
+            _failed(server, exc)
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
+            return False
+        finally:
+            timer.cancel()
+        _pool(server, loop).append(conn)
+        return isinstance(replies[0], list)
+
+
+def _loop_time(loop: asyncio.AbstractEventLoop, monotonic_s: float) -> float:
+    return loop.time() + (monotonic_s - time.monotonic())
+
+
+def _suspect_if_silent(task: asyncio.Future[Any], server: Server) -> None:
+    if not task.done():
+        _failed(server, TimeoutError("no answer within the server timeout"))
+
+
+def _straggler_done(
+    task: asyncio.Future[Any],
+    call: _Call,
+    suspect: asyncio.TimerHandle,
+    give_up: asyncio.TimerHandle,
+) -> None:
+    suspect.cancel()
+    give_up.cancel()
+    if task.cancelled() or task.exception() is not None:
+        call.conn.close()

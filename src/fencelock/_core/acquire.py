@@ -1,0 +1,216 @@
+"""Acquire, written once: one attempt (grant round, fence commit, cleanup) and the wait loop.
+
+Rules of an attempt:
+- the clock starts before the first byte is sent; a grant is valid until
+  ``start + ttl - drift`` and only if that is still ahead when the last round ends;
+- over N > 1 servers the merged fence is committed to a majority before the lease is handed out;
+- a failed attempt releases its token wherever it may have landed, after waiting for the
+  stragglers that were sent it (so the release cannot overtake their SET), and repeats the
+  release in the background on servers that did not answer;
+- the same server named twice, or a replica, is a :class:`~fencelock.ConfigError` as soon as
+  the servers' identities are known (the grant is released first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .backoff import retry_delay_s
+from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Flow, Pause
+from .fencing import needs_commit
+from .plan import LockPlan
+from .quorum import Outcome, Tally
+from .release import release_round
+from .replies import AcquireReply, classify_acquire, classify_commit
+from .rounds import AcquireDecision, Status, decide_acquire, decide_confirm
+from .verdicts import acquire_failure, first_held, independence_problem, may_have_landed
+
+#: A patience (ms) sent to the acquire script is capped here (an infinite wait fits too).
+PATIENCE_CAP_MS = 2_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A won attempt: valid until ``deadline`` (monotonic s), counted from ``start``."""
+
+    token: str
+    fence: int
+    start: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one attempt gave: ``grant``, or the decision and tally of the refusal."""
+
+    grant: Grant | None
+    decision: AcquireDecision
+    tally: Tally
+
+
+def _decided(tally: Tally) -> bool:
+    return tally.decided
+
+
+def _won(tally: Tally) -> bool:
+    return tally.won
+
+
+def patience_ms(deadline: float, now: float) -> int:
+    """How long a caller will still wait, in ms, for the acquire script (capped)."""
+    return int(min(max(0.0, deadline - now) * 1000.0, PATIENCE_CAP_MS))
+
+
+def attempt(
+    plan: LockPlan, token: str, info: str, *, woken: bool, waiter: str, patience: int
+) -> Flow[Attempt]:
+    """One attempt to take the lock with ``token``; never raises for contention or outages."""
+    start: float = yield NOW
+    args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
+    tally = Tally(plan.n)
+    yield Broadcast(
+        "acquire",
+        plan.everyone,
+        plan.acquire_keys,
+        args,
+        classify_acquire,
+        _decided,
+        plan.budget_s,
+        tally,
+    )
+    drift = plan.drift_ms(plan.ttl_ms)
+    try:
+        now: float = yield NOW
+        decision = decide_acquire(
+            tally,
+            _replies(tally),
+            ttl_ms=plan.ttl_ms,
+            elapsed_ms=(now - start) * 1000.0,
+            drift=drift,
+        )
+        problem = independence_problem((yield IDENTITIES), plan.names)
+        if problem is not None:
+            raise problem
+        if decision.status is Status.GRANTED and needs_commit(plan.n):
+            decision = yield from _commit(plan, token, decision, tally, start)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield from _clean_up(plan, token, tally)
+        raise
+    if decision.status is Status.GRANTED:
+        deadline = start + (plan.ttl_ms - drift) / 1000.0
+        return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
+    yield from _clean_up(plan, token, tally)
+    return Attempt(None, decision, tally)
+
+
+def _replies(tally: Tally) -> dict[int, AcquireReply]:
+    return {
+        index: detail
+        for index, (outcome, detail) in tally.votes.items()
+        if outcome is not Outcome.ERROR and isinstance(detail, AcquireReply)
+    }
+
+
+def _commit(
+    plan: LockPlan, token: str, decision: AcquireDecision, tally: Tally, start: float
+) -> Flow[AcquireDecision]:
+    """Round 2 over N servers: raise the fence register to the merged fence on the granting
+    servers; the lease counts only if a majority confirmed within its validity."""
+    granted = tuple(tally.granted_indexes())
+    commit = Tally(plan.n)
+    for index in plan.everyone:
+        if index not in granted:
+            commit.record(index, Outcome.HELD)
+    yield Broadcast(
+        "fence_commit",
+        granted,
+        plan.commit_keys,
+        (token, str(decision.fence)),
+        classify_commit,
+        _won,
+        plan.budget_s,
+        commit,
+    )
+    now: float = yield NOW
+    validity = decide_confirm(
+        commit,
+        ttl_ms=plan.ttl_ms,
+        elapsed_ms=(now - start) * 1000.0,
+        drift=plan.drift_ms(plan.ttl_ms),
+    )
+    if validity <= 0:
+        status = Status.TOO_SLOW if commit.won else Status.UNAVAILABLE
+        return AcquireDecision(status)
+    return decision
+
+
+def _clean_up(plan: LockPlan, token: str, tally: Tally) -> Flow[None]:
+    """After a failed attempt: release ``token`` wherever it may have landed."""
+    if not may_have_landed(tally):
+        return
+    if tally.pending:
+        yield SETTLE  # so the release cannot overtake a straggler's SET on the server
+    targets = may_have_landed(tally)
+    if targets:
+        yield from release_round(plan, token, targets)
+
+
+def acquire(
+    plan: LockPlan,
+    wait_s: float,
+    *,
+    new_token: Callable[[], str],
+    holder_info: Callable[[], str],
+    rand: Callable[[], float],
+) -> Flow[Grant]:
+    """Attempt until granted or ``wait_s`` ran out, woken by releases in between.
+
+    Raises :class:`~fencelock.NotAcquired` (contention) or :class:`~fencelock.Unavailable`
+    (too few servers answered) with the last round's votes.
+    """
+    begin: float = yield NOW
+    deadline = begin + wait_s
+    waiter = new_token()[:16] if wait_s > 0 else "-"  # an id only for who will wait
+    attempts = 0
+    woken = False
+    while True:
+        attempts += 1
+        now: float = yield NOW
+        result = yield from attempt(
+            plan,
+            new_token(),
+            holder_info(),
+            woken=woken,
+            waiter=waiter,
+            patience=patience_ms(deadline, now),
+        )
+        if result.grant is not None:
+            return result.grant
+        now = yield NOW
+        remaining = deadline - now
+        if remaining <= 0:
+            raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
+        delay = retry_delay_s(
+            attempt=attempts - 1,
+            remaining_s=remaining,
+            holder_pttl_ms=result.decision.holder_pttl_ms,
+            base_s=plan.retry_base_s,
+            cap_s=plan.retry_cap_s,
+            rand=rand(),
+        )
+        held = first_held(result.tally)
+        woken = yield Pause(delay, None if held is None else (held, plan.keys.wake))
+
+
+def try_acquire(plan: LockPlan, token: str, info: str) -> Flow[Grant | None]:
+    """One attempt: the grant, ``None`` for contention; raises
+    :class:`~fencelock.Unavailable` when too few servers answered."""
+    result = yield from attempt(plan, token, info, woken=False, waiter="-", patience=0)
+    if result.grant is not None:
+        return result.grant
+    if result.decision.status is Status.CONTENTION:
+        return None
+    raise acquire_failure(plan.key, result.decision, result.tally, plan.names, 1)

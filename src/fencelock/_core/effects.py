@@ -1,0 +1,109 @@
+"""The effects a flow yields, and what the driver answers to each.
+
+A flow is a generator: it yields an effect, the driver performs it (sockets, clocks, sleeps) and
+sends the answer back in. The drivers decide nothing; every choice (which servers, when to stop
+a round, what a reply means) is carried by the effect itself, so one flow serves both front ends.
+
+| effect        | the driver does                                             | answer                 |
+|---------------|-------------------------------------------------------------|------------------------|
+| ``NOW``       | reads the monotonic clock                                   | float seconds          |
+| ``Broadcast`` | runs one script on every target server in parallel, votes   | the round's ``Tally``  |
+|               | recorded with ``classify`` until ``stop(tally)`` or budget  |                        |
+| ``SETTLE``    | waits for the last broadcast's stragglers (to its deadline) | the same ``Tally``     |
+| ``Pause``     | sleeps up to ``delay_s``, woken early by a wake element     | True if woken          |
+| ``Repeat``    | repeats a script in the background on servers that did not  | None                   |
+|               | answer, until one answer more than the first (or ``until``) |                        |
+| ``IDENTITIES``| reads each server's last known identity (no I/O)            | tuple of ``Identity``  |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from .quorum import Outcome, Tally
+
+Classify = Callable[[object], "tuple[Outcome, object]"]
+StopRule = Callable[[Tally], bool]
+T = TypeVar("T")
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+NOW = _Marker("NOW")
+SETTLE = _Marker("SETTLE")
+IDENTITIES = _Marker("IDENTITIES")
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """Run ``script`` (a name from ``fencelock._scripts``) on ``targets`` (server indexes).
+
+    - ``stop``: the round ends as soon as it is true (None: when every target answered);
+    - ``budget_s``: the round ends at the latest this long after it started; targets still silent
+      then are recorded as ``Outcome.ERROR`` with a :class:`TimeoutError`;
+    - ``tally``: where the votes go (the flow may pre-record servers it does not target);
+    - ``land``: a straggler that answers NOSCRIPT after the round ended runs the script in full
+      anyway (a grant must land on every live server); False for rounds whose stragglers must
+      not take effect late.
+    """
+
+    script: str
+    targets: tuple[int, ...]
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    classify: Classify
+    stop: StopRule | None
+    budget_s: float
+    tally: Tally
+    land: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Sleep up to ``delay_s``; ``wake`` = (server index, list key) to block on instead."""
+
+    delay_s: float
+    wake: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """Repeat ``script`` on ``targets`` in the background until each answered twice, or
+    ``until_s`` seconds from now (the keys have expired by then anyway)."""
+
+    script: str
+    targets: tuple[int, ...]
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    until_s: float
+
+
+Effect = _Marker | Broadcast | Pause | Repeat
+
+
+class NotSent(ConnectionError):
+    """The driver did not send the command: the server is suspect (it timed out recently and
+    is being probed in the background). Nothing can have landed there."""
+
+
+class Identity(Protocol):
+    """What the driver knows of a server (from its connection handshake)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+Flow = Generator[Effect, Any, T]
+"""A flow: yields effects, receives their answers, returns a verdict of type ``T``."""

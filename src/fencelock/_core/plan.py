@@ -1,0 +1,91 @@
+"""Everything a flow needs to know about one lock, derived once from its options (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .keys import LockKeys, lock_keys
+from .timing import drift_ms, seconds_to_ms
+
+
+@dataclass(frozen=True, slots=True)
+class LockPlan:
+    """Wire units (ms) and key names of one lock over ``n`` servers.
+
+    - ``ttl_ms``: lease length; ``drift_factor`` / ``drift_min_ms``: the clock-drift allowance
+      ``ttl * factor + min`` taken off every validity;
+    - ``budget_s``: the longest a round may take (connect, handshake and reply together);
+    - ``handoff_ms`` / ``wake_ms``: the release script's hand-off window and wake lifetime.
+    """
+
+    key: str
+    names: tuple[str, ...]
+    keys: LockKeys
+    ttl_ms: int
+    drift_factor: float
+    drift_min_ms: float
+    budget_s: float
+    retry_base_s: float
+    retry_cap_s: float
+    handoff_ms: int
+    wake_ms: int
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    @property
+    def everyone(self) -> tuple[int, ...]:
+        return tuple(range(len(self.names)))
+
+    def drift_ms(self, ttl_ms: float) -> float:
+        return drift_ms(ttl_ms, self.drift_factor, self.drift_min_ms)
+
+    @property
+    def acquire_keys(self) -> tuple[str, ...]:
+        k = self.keys
+        return (k.lock, k.fence, k.holder, k.waiters, k.handoff)
+
+    @property
+    def release_keys(self) -> tuple[str, ...]:
+        k = self.keys
+        return (k.lock, k.holder, k.waiters, k.wake, k.handoff)
+
+    @property
+    def extend_keys(self) -> tuple[str, ...]:
+        return (self.keys.lock, self.keys.holder)
+
+    @property
+    def commit_keys(self) -> tuple[str, ...]:
+        return (self.keys.lock, self.keys.fence)
+
+
+def make_plan(
+    key: str,
+    names: tuple[str, ...],
+    *,
+    ttl_s: float,
+    drift_factor: float,
+    drift_min_s: float,
+    server_timeout_s: float,
+    retry_base_s: float,
+    retry_cap_s: float,
+    handoff_window_s: float,
+    wake_lifetime_s: float,
+) -> LockPlan:
+    """A plan from validated options (seconds); raises nothing."""
+    return LockPlan(
+        key=key,
+        names=names,
+        keys=lock_keys(key),
+        ttl_ms=seconds_to_ms(ttl_s),
+        drift_factor=drift_factor,
+        drift_min_ms=drift_min_s * 1000.0,
+        # connect, handshake and reply are one step of the parallel round, under one timeout;
+        # the margin covers scheduling
+        budget_s=server_timeout_s + 0.01,
+        retry_base_s=retry_base_s,
+        retry_cap_s=retry_cap_s,
+        handoff_ms=seconds_to_ms(handoff_window_s) if handoff_window_s else 1,
+        wake_ms=seconds_to_ms(wake_lifetime_s),
+    )

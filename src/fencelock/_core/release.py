@@ -1,0 +1,65 @@
+"""Release, written once: compare-and-delete everywhere, repeated later where no answer came.
+
+A paused server applies what its socket buffers held when it wakes, possibly an acquire that
+arrives after our release; so servers that did not answer (or were not asked: suspect) get the
+release again in the background, once after they answer (see :class:`~.effects.Repeat`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import LockLost, Unavailable
+from .effects import Broadcast, Flow, NotSent, Repeat
+from .plan import LockPlan
+from .quorum import Outcome, Tally, summary
+from .replies import classify_release
+from .rounds import lost_for_sure
+from .verdicts import silent, votes
+
+
+def release_round(plan: LockPlan, token: str, targets: tuple[int, ...] | None = None) -> Flow[Tally]:
+    """Release ``token`` on ``targets`` (default: every server); returns the round's tally."""
+    targets = plan.everyone if targets is None else targets
+    tally = Tally(plan.n)
+    for index in plan.everyone:
+        if index not in targets:
+            tally.record(index, Outcome.HELD)
+    args = (token, plan.handoff_ms, plan.wake_ms)
+    yield Broadcast(
+        "release", targets, plan.release_keys, args, classify_release, None, plan.budget_s, tally
+    )
+    late = silent(tally) + _not_sent(tally)
+    if late:
+        yield Repeat("release", late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0)
+    return tally
+
+
+def _not_sent(tally: Tally) -> tuple[int, ...]:
+    return tuple(
+        index
+        for index, (outcome, detail) in sorted(tally.votes.items())
+        if outcome is Outcome.ERROR and isinstance(detail, NotSent)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseVerdict:
+    """``error`` is what ``release()`` raises (None: released on a majority)."""
+
+    error: LockLost | Unavailable | None
+
+
+def release(plan: LockPlan, token: str, *, expired: bool) -> Flow[ReleaseVerdict]:
+    """Release a lease; ``expired``: its local deadline had passed or it was known lost."""
+    tally = yield from release_round(plan, token)
+    if tally.won:
+        return ReleaseVerdict(None)
+    text = summary(plan.key, tally)
+    if lost_for_sure(tally) or expired:
+        return ReleaseVerdict(
+            LockLost(plan.key, f"{text}: the lease had already expired or been taken")
+        )
+    return ReleaseVerdict(
+        Unavailable(plan.key, f"{text}: release not confirmed", votes(tally, plan.names))
+    )

@@ -1,0 +1,96 @@
+"""From a round's tally to what the caller sees: votes as evidence, errors that name the key and
+the counts, and the independence check of N servers (the same server twice, a replica)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import ConfigError, NotAcquired, ServerVote, Unavailable
+from .effects import Identity, NotSent
+from .quorum import Outcome, Tally, summary
+from .replies import AcquireReply
+from .rounds import AcquireDecision, Status
+
+
+def votes(tally: Tally, names: Sequence[str]) -> list[ServerVote]:
+    """The round's votes as evidence for errors, in server order."""
+    result = []
+    for index in range(tally.n):
+        outcome, detail = tally.votes.get(index, (Outcome.ERROR, TimeoutError("no answer")))
+        if outcome is Outcome.ERROR:
+            cause = detail if isinstance(detail, BaseException) else RuntimeError(str(detail))
+            result.append(ServerVote(names[index], "error", cause))
+        elif outcome is Outcome.HELD:
+            pttl = detail.pttl_ms if isinstance(detail, AcquireReply) else -1
+            result.append(ServerVote(names[index], "held", None, pttl))
+        else:
+            result.append(ServerVote(names[index], "granted"))
+    return result
+
+
+def acquire_failure(
+    key: str, decision: AcquireDecision, tally: Tally, names: Sequence[str], attempts: int
+) -> NotAcquired | Unavailable:
+    """The error for a failed acquire, carrying the last round's votes."""
+    evidence = votes(tally, names)
+    text = summary(key, tally)
+    if decision.status is Status.CONTENTION:
+        return NotAcquired(key, f"{text}: held by another holder", evidence, attempts)
+    if decision.status is Status.TOO_SLOW:
+        return Unavailable(key, f"{text}, but the round outlived the lease", evidence, attempts)
+    return Unavailable(key, f"{text}: too few servers answered", evidence, attempts)
+
+
+def may_have_landed(tally: Tally) -> tuple[int, ...]:
+    """Servers where a failed round's command may have taken effect: every server that did not
+    answer "held", except those it was never sent to."""
+    return tuple(
+        index
+        for index in range(tally.n)
+        if not _surely_absent(tally.votes.get(index, (Outcome.ERROR, None)))
+    )
+
+
+def _surely_absent(vote: tuple[Outcome, object]) -> bool:
+    outcome, detail = vote
+    return outcome is Outcome.HELD or isinstance(detail, NotSent)
+
+
+def silent(tally: Tally) -> tuple[int, ...]:
+    """Servers that gave no usable answer in the round (sent, but no reply)."""
+    return tuple(
+        index
+        for index, (outcome, detail) in sorted(tally.votes.items())
+        if outcome is Outcome.ERROR and not isinstance(detail, NotSent)
+    )
+
+
+def first_held(tally: Tally) -> int | None:
+    """A server that answered "held": a waiter blocks on its wake list."""
+    held = [i for i, (outcome, _) in tally.votes.items() if outcome is Outcome.HELD]
+    return min(held) if held else None
+
+
+def independence_problem(
+    identities: Sequence[Identity | None], names: Sequence[str]
+) -> ConfigError | None:
+    """N > 1 independent masters: a :class:`ConfigError` when two names are the same server
+    (same ``run_id``: ``localhost`` vs ``127.0.0.1``) or one is a replica; unknown identities
+    (not connected yet, or hidden by an ACL) are not judged."""
+    if len(identities) < 2:
+        return None
+    seen: dict[str, int] = {}
+    for index, identity in enumerate(identities):
+        if identity is None:
+            continue
+        if identity.role in ("slave", "replica"):
+            return ConfigError(f"{names[index]} is a replica; Redlock needs independent masters")
+        run_id = identity.run_id
+        if run_id and run_id in seen:
+            other = seen[run_id]
+            return ConfigError(
+                f"{names[index]} and {names[other]} are the same server (run_id {run_id[:8]}…)"
+            )
+        if run_id:
+            seen[run_id] = index
+    return None

@@ -1,0 +1,109 @@
+"""The process-wide registry: one :class:`Server` per address, whatever names it.
+
+A URL, a redis-py client or a valkey-py client for the same address (host, port, db, user,
+password, TLS) is the same Server, so Locks built per key share everything. Servers live as
+long as the process (their number is the number of distinct addresses used); after a fork the
+child drops every inherited connection without touching the parent's sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import ConfigError
+from ..options import check_url, redact_url
+from .address import Address, from_client, from_url, is_client
+from .server import Server
+
+_servers: dict[Address, Server] = {}
+_by_url: dict[str, Server] = {}
+_by_client: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+_fork_hooks: list[Callable[[], None]] = []
+
+
+def server_for_address(address: Address) -> Server:
+    with _lock:
+        server = _servers.get(address)
+        if server is None:
+            server = _servers[address] = Server(address)
+        return server
+
+
+def _server_for(spec: object) -> Server:
+    if isinstance(spec, str):
+        server = _by_url.get(spec)
+        if server is None:
+            server = server_for_address(from_url(spec))
+            _by_url[spec] = server
+        return server
+    try:
+        server = _by_client.get(spec)
+    except TypeError:  # not weak-referenceable: not a client we know
+        server = None
+    if server is None:
+        server = server_for_address(from_client(spec))
+        try:
+            _by_client[spec] = server
+        except TypeError:
+            pass
+    return server
+
+
+def resolve(servers: object) -> tuple[Server, ...]:
+    """One server spec (URL or client) or a sequence of them -> their Servers, in order.
+
+    Raises :class:`ConfigError` for an empty list, a wrong type, a malformed URL, or the same
+    address given twice (the same server under two names is caught by ``run_id`` later).
+    """
+    items: Sequence[object]
+    if isinstance(servers, str) or is_client(servers):
+        items = (servers,)
+    elif isinstance(servers, Sequence):
+        items = servers
+    else:
+        raise ConfigError(
+            "servers must be a URL, a redis client, or a sequence of them, "
+            f"not {type(servers).__name__}"
+        )
+    if not items:
+        raise ConfigError("at least one server is needed")
+    result: list[Server] = []
+    for item in items:
+        if isinstance(item, str):
+            check_url(item)
+        elif not is_client(item):
+            raise ConfigError(
+                f"each server must be a URL or a redis client, not {type(item).__name__}"
+            )
+        server = _server_for(item)
+        if server in result:
+            shown = redact_url(item) if isinstance(item, str) else server.name
+            raise ConfigError(f"server {shown!r} is listed twice")
+        result.append(server)
+    return tuple(result)
+
+
+def on_fork(hook: Callable[[], None]) -> None:
+    """Run ``hook`` in a forked child, after the registry dropped inherited connections."""
+    _fork_hooks.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    for server in _servers.values():
+        for conn in server.forget_connections():
+            try:
+                conn.close()  # closes our fd only: the parent's socket stays open
+            except Exception:
+                pass
+    for hook in _fork_hooks:
+        hook()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

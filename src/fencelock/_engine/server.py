@@ -1,0 +1,88 @@
+"""One server as every lock of this process sees it: health, identity, script cache, idle
+connections of each front end, and the work left for the background (stragglers, repeats).
+
+Shared by every Lock, Client and front end naming the same address (see ``registry``), so a
+Lock built per key costs no connection, no identity check and no script upload of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.health import Health
+from .address import Address
+from .handshake import Identity
+
+#: Late repeats queued per server at the most (older ones are dropped: their keys expire).
+LATE_MAX = 10_000
+
+
+@dataclass(slots=True)
+class LateCall:
+    """A script to repeat on this server (``Repeat`` effect): sent again once after the first
+    answer, or dropped at ``until`` (monotonic s)."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    until: float
+    answered: int = 0
+    due: float = 0.0
+
+
+class Server:
+    """Per-address state. Connection objects are opaque here: each driver keeps its own kind.
+
+    - ``health``: suspect servers are skipped by rounds and probed in the background;
+    - ``identity``: the last handshake's ``run_id``/role/version (None until one completed);
+    - ``loaded``: SHAs of scripts known to be in the server's cache (cleared when its
+      ``run_id`` changes or it answers NOSCRIPT), so a fresh server gets the full script at once.
+    """
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+        self.name = address.name
+        self.health = Health()
+        self.identity: Identity | None = None
+        self.loaded: set[str] = set()
+        self.idle: list[Any] = []  # blocking connections not in use (list ops are atomic)
+        self.async_idle: dict[int, tuple[Any, list[Any]]] = {}  # id(loop) -> (loop ref, conns)
+        self.late: deque[LateCall] = deque(maxlen=LATE_MAX)
+        self.lock = threading.Lock()
+
+    def learned(self, identity: Identity | None) -> None:
+        """A connection finished its handshake (``identity`` None when an ACL hides INFO)."""
+        if identity is None:
+            return
+        previous = self.identity
+        if previous is not None and previous.run_id != identity.run_id:
+            self.loaded.clear()  # restarted: its script cache is empty
+        self.identity = identity
+
+    def failed(self, reason: str) -> bool:
+        """A call timed out or could not connect; True when the server just became suspect."""
+        with self.lock:
+            return self.health.failed(time.monotonic(), reason)
+
+    def answered(self) -> None:
+        if self.health.suspect:
+            with self.lock:
+                self.health.answered()
+
+    def forget_connections(self) -> list[Any]:
+        """Drop every connection (after a fork, in the child); returns them to be closed."""
+        conns = list(self.idle)
+        self.idle = []
+        for _, pool in self.async_idle.values():
+            conns.extend(pool)
+        self.async_idle = {}
+        self.lock = threading.Lock()
+        return conns
+
+    def __repr__(self) -> str:
+        state = f"suspect ({self.health.reason})" if self.health.suspect else "healthy"
+        return f"Server({self.name}, {state})"

@@ -1,0 +1,140 @@
+"""What both front ends' Lock classes share that is not I/O: construction and validation of
+the options, the flows an acquisition runs, and the lock's identity (key, servers, repr)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ._core.acquire import Grant, acquire, try_acquire
+from ._core.effects import Flow
+from ._definition import UNSET, Definition
+from ._engine.registry import resolve
+from ._holder import new_token
+from .errors import FencelockError
+from .options import (
+    DEFAULT_TTL,
+    DEFAULT_WAIT,
+    DRIFT_FACTOR,
+    DRIFT_MIN,
+    HANDOFF_WINDOW,
+    RETRY_BASE,
+    RETRY_CAP,
+    LockOptions,
+    Seconds,
+    seconds,
+)
+
+
+class LockFront:
+    """A lock definition: servers, key, lease length, default wait. Safe to share.
+
+    ``servers`` is a URL (``redis://host:port/db``, ``valkey://``, ``rediss://``, ``unix://``),
+    a redis-py client, or a sequence of them: one server is the classic ``SET NX PX`` lock,
+    N > 1 independent servers make it Redlock (majority ``N // 2 + 1``). Locks naming the same
+    servers (by address, whether as URLs or clients) share connections, health and identity
+    checks process-wide, so building a Lock per key is cheap and sends nothing. fencelock opens
+    its own connections (same address, auth and TLS as a client given), with short timeouts and
+    no retries: a retried ``SET NX`` is never safe.
+
+    Durations are seconds (int, float or :class:`datetime.timedelta`):
+
+    - ``ttl``: lease length; ``wait``: default wait of ``acquire()`` (``math.inf`` to wait
+      forever must be asked for explicitly);
+    - ``server_timeout``: how long a round waits for a server, connecting included (default
+      ``ttl/10`` within [0.05, 1.0]); ``drift_factor`` / ``drift_min``: clock-drift allowance
+      ``ttl * factor + min`` taken off every lease's validity;
+    - ``renew_every``: watchdog period (default ``ttl/3``);
+    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``.
+
+    Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
+    """
+
+    def __init__(
+        self,
+        servers: Any,
+        key: str,
+        ttl: Seconds = DEFAULT_TTL,
+        *,
+        wait: Seconds = DEFAULT_WAIT,
+        server_timeout: Seconds | None = None,
+        drift_factor: float = DRIFT_FACTOR,
+        drift_min: Seconds = DRIFT_MIN,
+        retry_base: Seconds = RETRY_BASE,
+        retry_cap: Seconds = RETRY_CAP,
+        renew_every: Seconds | None = None,
+        handoff_window: Seconds = HANDOFF_WINDOW,
+        holder_info: bool = True,
+        purpose: str | None = None,
+    ) -> None:
+        options = LockOptions.build(
+            ttl=ttl,
+            wait=wait,
+            server_timeout=server_timeout,
+            drift_factor=drift_factor,
+            drift_min=drift_min,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            renew_every=renew_every,
+            handoff_window=handoff_window,
+            holder_info=holder_info,
+            purpose=purpose,
+        )
+        self._setup(Definition(resolve(servers), key, options))
+
+    @classmethod
+    def _of(cls, definition: Definition) -> Any:
+        """A lock from an already validated definition (``Client.lock``); no I/O."""
+        lock = cls.__new__(cls)
+        lock._setup(definition)
+        return lock
+
+    def _setup(self, definition: Definition) -> None:
+        self._definition = definition
+        self._closed = False
+
+    @property
+    def key(self) -> str:
+        return self._definition.key
+
+    @property
+    def options(self) -> LockOptions:
+        return self._definition.options
+
+    @property
+    def ttl(self) -> float:
+        return self._definition.options.ttl
+
+    @property
+    def servers(self) -> list[str]:
+        """Password-free names of the servers, in order."""
+        return self._definition.names
+
+    def _acquire_flow(self, wait: object) -> Flow[Grant]:
+        """The acquire flow for ``wait`` (UNSET: the lock's default); ConfigError before I/O."""
+        wait_s = (
+            self.options.wait
+            if wait is UNSET
+            else seconds(wait, "wait", allow_zero=True, allow_inf=True)
+        )
+        self._check_open()
+        definition = self._definition
+        return acquire(
+            definition.plan,
+            wait_s,
+            new_token=new_token,
+            holder_info=definition.holder,
+            rand=random.random,
+        )
+
+    def _try_flow(self) -> Flow[Grant | None]:
+        self._check_open()
+        definition = self._definition
+        return try_acquire(definition.plan, new_token(), definition.holder())
+
+    def _check_open(self) -> None:
+        if self._closed or self._definition.gate.closed:
+            raise FencelockError(f"{self.key!r}: this Lock (or its client) was closed")
+
+    def __repr__(self) -> str:
+        return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl})"

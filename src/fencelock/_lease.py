@@ -1,0 +1,195 @@
+"""A lease's local state, shared by both front ends: validity on the monotonic clock, loss,
+release, and the callbacks to run when it is lost. No I/O here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ._core.acquire import Grant
+from ._core.effects import Flow
+from ._core.extend import Extension, RenewStep, extend, renew
+from ._core.release import ReleaseVerdict, release
+from ._core.timing import seconds_to_ms
+from ._definition import Definition
+from .errors import ConfigError, LockLost
+from .options import Seconds, seconds
+
+log = logging.getLogger("fencelock.lock")
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+
+class LeaseState:
+    """Token, fence and deadline of one acquisition; the subclass provides ``lost`` (an event
+    of its front end)."""
+
+    lost: _Flag
+
+    def __init__(self, definition: Definition, grant: Grant) -> None:
+        self._definition = definition
+        self.key = key = definition.key
+        self.token = grant.token
+        self.fence = grant.fence
+        self.acquired_at = grant.start  # time.monotonic() when the winning round started
+        self._deadline = grant.deadline
+        self.lost_reason: str | None = None
+        self._released = False
+        self._callbacks: list[Callable[[Any], object]] = []
+        self._state = threading.Lock()
+        self._every_s = 0.0
+        self._stop_at: float | None = None
+        self._stop_reason: str | None = None
+
+    def remaining(self) -> float:
+        """Seconds of validity left, on the monotonic clock; 0.0 once released or lost."""
+        if self._released or self.lost.is_set():
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    @property
+    def valid(self) -> bool:
+        return self.remaining() > 0.0
+
+    @property
+    def deadline(self) -> float:
+        """The local deadline (``time.monotonic()`` seconds): ``start + ttl - drift`` of the last
+        confirmed grant or extend, or earlier after an extend whose outcome is unknown."""
+        return self._deadline
+
+    def ensure_valid(self) -> None:
+        """Raise :class:`~fencelock.LockLost` unless the lease is still valid (a local check)."""
+        if self.lost.is_set():
+            raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
+        if self._released:
+            raise LockLost(self.key, f"{self.key!r}: lease already released")
+        if self.remaining() <= 0.0:
+            raise LockLost(self.key, f"{self.key!r}: lease expired")
+
+    def _check_usable(self) -> None:
+        """Before a server round on this lease: it must not be released or known lost."""
+        if self._released:
+            raise LockLost(self.key, f"{self.key!r}: lease already released")
+        if self.lost.is_set():
+            raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
+
+    # -- flows and what their verdicts change here ---------------------------------------------
+
+    def _extend_flow(self, ttl: Seconds | None) -> Flow[Extension]:
+        ttl_s = self._definition.options.ttl if ttl is None else seconds(ttl, "ttl")
+        self._check_usable()
+        return extend(self._definition.plan, self.token, seconds_to_ms(ttl_s), self._deadline)
+
+    def _extended(self, result: Extension) -> None:
+        """Apply an extend's verdict: the new deadline, a loss, the error to raise."""
+        self._deadline = result.deadline
+        if result.lost_reason is not None:
+            self._mark_lost(result.lost_reason)
+        if result.error is not None:
+            raise result.error
+
+    def _release_flow(self) -> Flow[ReleaseVerdict] | None:
+        """The release flow, or None when already released (marks it released first)."""
+        expired = self._deadline <= time.monotonic() or self.lost.is_set()
+        if not self._claim_release():
+            return None
+        return release(self._definition.plan, self.token, expired=expired)
+
+    def _renewal_plan(self, every: Seconds | None, max_hold: Seconds | None) -> float:
+        """Validate keep_alive's arguments, remember them; returns the first renewal time."""
+        options = self._definition.options
+        every_s = options.renew_every if every is None else seconds(every, "every")
+        if every_s >= options.ttl:
+            raise ConfigError(f"every ({every_s} s) must be shorter than ttl ({options.ttl} s)")
+        cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        self.ensure_valid()
+        self._every_s = every_s
+        self._stop_at = None if cap is None else self.acquired_at + cap
+        first = time.monotonic() + every_s
+        return first if self._stop_at is None else min(first, self._stop_at)
+
+    def _renew_flow(self) -> Flow[RenewStep]:
+        return renew(
+            self._definition.plan,
+            self.token,
+            self._deadline,
+            every_s=self._every_s,
+            stop_at=self._stop_at,
+        )
+
+    def _renewed(self, step: RenewStep) -> float | None:
+        """Apply a renewal step; returns when to renew next (None: stop)."""
+        if self._released:
+            return None
+        self._deadline = step.deadline
+        if step.lost_reason is not None:
+            self._mark_lost(step.lost_reason)
+        if step.stop_reason is not None:
+            self._stop_reason = step.stop_reason
+        return step.next_at
+
+    def _deadline_passed(self) -> None:
+        if time.monotonic() >= self._deadline:
+            reason = self._stop_reason or "renewal did not confirm before the local deadline"
+            self._mark_lost(reason)
+
+    def _done(self) -> bool:
+        return self._released or self.lost.is_set()
+
+    def _mark_lost(self, reason: str) -> None:
+        callbacks = self._take_loss(reason)
+        if callbacks is None:
+            return
+        self._lost_hook()
+        for callback in callbacks:
+            self._run_callback(callback)
+
+    def _lost_hook(self) -> None:
+        """What the front end does at a loss besides callbacks (stop renewal, cancel a body)."""
+
+    def _claim_release(self) -> bool:
+        """Mark released; False when it already was (releasing twice is a no-op)."""
+        with self._state:
+            if self._released:
+                return False
+            self._released = True
+            return True
+
+    def _take_loss(self, reason: str) -> list[Callable[[Any], object]] | None:
+        """Mark lost; the callbacks to run, or None when it was already lost or released."""
+        with self._state:
+            if self.lost.is_set() or self._released:
+                return None
+            self.lost_reason = reason
+            self.lost.set()
+            callbacks, self._callbacks = self._callbacks, []
+        log.error("lease on %r lost: %s", self.key, reason)
+        return callbacks
+
+    def _add_callback(self, callback: Callable[[Any], object]) -> bool:
+        """Keep ``callback`` for a later loss; False when the lease is lost already."""
+        with self._state:
+            if self.lost.is_set():
+                return False
+            self._callbacks.append(callback)
+            return True
+
+    def _run_callback(self, callback: Callable[[Any], object]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            log.exception("on_lost callback for %r failed", self.key)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else "released" if self._released else "held"
+        return (
+            f"Lease({self.key!r}, fence={self.fence}, token={self.token[:8]}…, {state}, "
+            f"remaining={self.remaining():.3f}s)"
+        )

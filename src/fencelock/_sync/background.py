@@ -1,0 +1,305 @@
+"""The blocking front end's background thread: the work no caller waits for.
+
+- **stragglers** of decided rounds: their replies are read (a NOSCRIPT is answered with the
+  full script when the round's grant must land everywhere), then the connection is reused; a
+  straggler silent past the server timeout makes its server suspect;
+- **probes** of suspect servers (PING on a new connection, with growing delays): a server
+  that answers is used by rounds again;
+- **late repeats** (``Repeat`` effects): pipelined on one connection once the server answers.
+
+One thread and one selector for all servers of the process; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._engine.registry import on_fork
+from .._engine.server import LateCall, Server
+from .._engine.wire import PING, full_call, is_noscript, script_call
+from .._scripts import BY_NAME
+from .connection import Connection
+
+log = logging.getLogger("fencelock.background")
+
+#: A straggler's reply still missing this long (s) after its round was lost on the way.
+GIVE_UP_S = 1.0
+#: A probe or a late batch gets this long (s) to answer.
+PROBE_TIMEOUT_S = 1.0
+#: A late call is sent once more this long (s) after its first answer.
+LATE_AGAIN_S = 0.05
+#: The loop looks at its timers at least this often (s).
+TICK_S = 0.05
+
+
+class _Job:
+    """One connection the thread waits on."""
+
+    def __init__(self, server: Server, conn: Connection, give_up_at: float) -> None:
+        self.server = server
+        self.conn = conn
+        self.give_up_at = give_up_at
+
+    def replied(self, replies: list[object]) -> bool:
+        """Handle the replies; False when the job sent something more and keeps waiting."""
+        self.server.answered()
+        self.server.learned(self.conn.identity)
+        return True
+
+    def failed(self, exc: BaseException) -> None:
+        self.conn.close()
+        self.server.failed(f"{type(exc).__name__}: {exc}")
+
+
+class _Straggler(_Job):
+    def __init__(
+        self,
+        server: Server,
+        conn: Connection,
+        give_up_at: float,
+        suspect_at: float,
+        script: str,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
+        land: bool,
+    ) -> None:
+        super().__init__(server, conn, give_up_at)
+        self.suspect_at = suspect_at
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.land = land
+
+    def replied(self, replies: list[object]) -> bool:
+        script = BY_NAME[self.script]
+        if is_noscript(replies[0]):
+            self.server.loaded.discard(script.sha)
+            if self.land:
+                self.conn.start(full_call(script, self.keys, self.args), 1)
+                return False
+        else:
+            self.server.loaded.add(script.sha)
+        super().replied(replies)
+        self.server.idle.append(self.conn)
+        return True
+
+
+class _Probe(_Job):
+    def replied(self, replies: list[object]) -> bool:
+        super().replied(replies)
+        self.server.idle.append(self.conn)
+        return True
+
+    def failed(self, exc: BaseException) -> None:
+        self.conn.close()
+        with self.server.lock:
+            self.server.health.probe_failed(time.monotonic())
+
+
+class _LateBatch(_Job):
+    def __init__(
+        self, server: Server, conn: Connection, give_up_at: float, calls: list[LateCall]
+    ) -> None:
+        super().__init__(server, conn, give_up_at)
+        self.calls = calls
+
+    def replied(self, replies: list[object]) -> bool:
+        super().replied(replies)
+        now = time.monotonic()
+        for call, reply in zip(self.calls, replies):
+            if is_noscript(reply):
+                self.server.loaded.discard(BY_NAME[call.script].sha)
+                call.due = now
+                self.server.late.append(call)
+                continue
+            call.answered += 1
+            if call.answered < 2 and now < call.until:
+                call.due = now + LATE_AGAIN_S
+                self.server.late.append(call)
+        self.server.idle.append(self.conn)
+        return True
+
+    def failed(self, exc: BaseException) -> None:
+        super().failed(exc)
+        self.server.late.extend(self.calls)
+
+
+class Background:
+    """The thread; use :func:`background` to get the process's one instance."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._jobs: dict[int, _Job] = {}
+        self._watched: set[Server] = set()
+        self._busy: set[Server] = set()  # a probe or a late batch in flight
+        self._thread = threading.Thread(target=self._run, name="fencelock-background", daemon=True)
+        self._thread.start()
+
+    # -- called from any thread ---------------------------------------------------------------
+
+    def adopt(
+        self,
+        server: Server,
+        conn: Connection,
+        *,
+        suspect_at: float,
+        script: str,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
+        land: bool,
+    ) -> None:
+        """Take over a straggler of a decided round."""
+        give_up_at = max(suspect_at, time.monotonic() + GIVE_UP_S)
+        job = _Straggler(server, conn, give_up_at, suspect_at, script, keys, args, land)
+        self._post(lambda: self._add(job))
+
+    def watch(self, server: Server) -> None:
+        """Probe ``server`` until it answers (it just became suspect)."""
+        self._post(lambda: self._watched.add(server))
+
+    def repeat(
+        self, server: Server, script: str, keys: tuple[str, ...], args: tuple[str | int, ...],
+        until: float,
+    ) -> None:
+        server.late.append(LateCall(script, keys, args, until, due=time.monotonic()))
+        self._post(lambda: self._watched.add(server))
+
+    def _post(self, action: Callable[[], None]) -> None:
+        self._inbox.append(action)
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # the wake pipe is full: the loop is awake anyway
+            pass
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _add(self, job: _Job) -> None:
+        try:
+            self._selector.register(job.conn.fileno(), job.conn.events(), job)
+            self._jobs[job.conn.fileno()] = job
+        except (OSError, ValueError) as exc:
+            job.failed(exc)
+            self._busy.discard(job.server)
+
+    def _drop(self, job: _Job) -> None:
+        fd = job.conn.fileno()
+        self._jobs.pop(fd, None)
+        try:
+            self._selector.unregister(fd)
+        except (KeyError, ValueError, OSError):
+            pass
+        self._busy.discard(job.server)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._step()
+            except Exception:  # never die silently: log and go on
+                log.exception("fencelock background step failed")
+                time.sleep(TICK_S)
+
+    def _step(self) -> None:
+        for key, _ in self._selector.select(TICK_S):
+            if key.data is None:
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except OSError:
+                    pass
+                continue
+            self._advance(key.data)
+        while self._inbox:
+            self._inbox.popleft()()
+        now = time.monotonic()
+        for job in list(self._jobs.values()):
+            if isinstance(job, _Straggler) and job.suspect_at and now >= job.suspect_at:
+                job.suspect_at = 0.0
+                if job.server.failed("no answer within the server timeout"):
+                    self._watched.add(job.server)
+            if now >= job.give_up_at:
+                self._drop(job)
+                job.failed(TimeoutError("no answer"))
+        for server in list(self._watched):
+            self._tend(server, now)
+
+    def _advance(self, job: _Job) -> None:
+        try:
+            replies = job.conn.advance()
+        except Exception as exc:
+            self._drop(job)
+            job.failed(exc)
+            return
+        if replies is None:
+            self._selector.modify(job.conn.fileno(), job.conn.events(), job)
+            return
+        if job.replied(replies):
+            self._drop(job)
+        else:
+            self._selector.modify(job.conn.fileno(), job.conn.events(), job)
+
+    def _tend(self, server: Server, now: float) -> None:
+        """Probe a suspect server when due; send a healthy server's due late calls."""
+        if server in self._busy:
+            return
+        health = server.health
+        if health.suspect:
+            if health.probe_due(now):
+                self._start(server, _Probe, PING, 1)
+            return
+        due = [call for call in server.late if call.due <= now and call.until > now]
+        if not due:
+            if not server.late or all(call.until <= now for call in server.late):
+                server.late.clear()
+                self._watched.discard(server)
+            return
+        for call in due:
+            server.late.remove(call)
+        payload = b"".join(script_call(server, c.script, c.keys, c.args)[1] for c in due)
+        self._start(server, _LateBatch, payload, len(due), due)
+
+    def _start(
+        self, server: Server, kind: type[_Job], payload: bytes, replies: int, *extra: Any
+    ) -> None:
+        conn = Connection(server.address)
+        job = kind(server, conn, time.monotonic() + PROBE_TIMEOUT_S, *extra)
+        try:
+            conn.start(payload, replies)
+        except Exception as exc:
+            job.failed(exc)
+            return
+        self._busy.add(server)
+        self._add(job)
+
+
+_instance: Background | None = None
+_instance_lock = threading.Lock()
+
+
+def background() -> Background:
+    global _instance
+    if _instance is None:
+        with _instance_lock:
+            if _instance is None:
+                _instance = Background()
+    return _instance
+
+
+def _reset_after_fork() -> None:
+    global _instance, _instance_lock
+    _instance = None  # the thread did not survive the fork; a new one starts on first use
+    _instance_lock = threading.Lock()
+
+
+on_fork(_reset_after_fork)

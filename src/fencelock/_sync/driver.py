@@ -1,0 +1,290 @@
+"""The blocking driver: performs a flow's effects with non-blocking sockets and one selector.
+
+It decides nothing: which servers to ask, when a round may stop and what a reply means come
+with the effect. A round writes to every target first (connecting and handshaking inside the
+round, never before it), then reads replies as they become readable, so it costs about one round
+trip and a sick server delays nobody past the round's budget. Servers that are suspect are not
+asked (their vote is :class:`~fencelock._core.effects.NotSent`); stragglers of a decided round
+go to the background thread unless the flow's next effect waits for them (``SETTLE``).
+"""
+
+from __future__ import annotations
+
+import selectors
+import threading
+import time
+from typing import Any, TypeVar
+
+from .._core.effects import (
+    IDENTITIES,
+    NOW,
+    SETTLE,
+    Broadcast,
+    Effect,
+    Flow,
+    NotSent,
+    Pause,
+    Repeat,
+)
+from .._core.quorum import Tally
+from .._engine.registry import on_fork
+from .._engine.resp import command
+from .._engine.server import Server
+from .._engine.wire import full_call, is_noscript, script_call
+from .._scripts import Script
+from .background import background
+from .connection import Connection
+
+T = TypeVar("T")
+
+#: An idle connection used less than this long ago (s) is taken without a staleness check
+#: (the check costs a system call).
+STALE_CHECK_AFTER_S = 0.05
+
+
+def take(server: Server) -> Connection:
+    """An idle connection to ``server`` that the server has not closed, or a new one."""
+    idle = server.idle
+    while idle:
+        try:
+            conn: Connection = idle.pop()
+        except IndexError:
+            break
+        if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
+            return conn
+        conn.close()
+    return Connection(server.address)
+
+
+class _Call:
+    __slots__ = ("conn", "index", "script", "server")
+
+    def __init__(self, index: int, server: Server, conn: Connection, script: Script) -> None:
+        self.index = index
+        self.server = server
+        self.conn = conn
+        self.script = script
+
+
+class _Round:
+    """One Broadcast in flight: its calls by file descriptor, its deadline, its tally."""
+
+    def __init__(self, effect: Broadcast, deadline: float) -> None:
+        self.effect = effect
+        self.deadline = deadline
+        self.calls: dict[int, _Call] = {}
+
+
+_local = threading.local()
+
+
+def _selector() -> selectors.BaseSelector:
+    selector: selectors.BaseSelector | None = getattr(_local, "selector", None)
+    if selector is None:
+        selector = _local.selector = selectors.DefaultSelector()
+    return selector
+
+
+def _reset_after_fork() -> None:
+    global _local
+    _local = threading.local()  # the parent's epoll instance must not be shared
+
+
+on_fork(_reset_after_fork)
+
+
+class Driver:
+    """Runs flows against ``servers`` (engine Servers, in the plan's order)."""
+
+    def __init__(self, servers: tuple[Server, ...], timeout_s: float) -> None:
+        self.servers = servers
+        self.timeout_s = timeout_s
+
+    def run(self, flow: Flow[T]) -> T:
+        """Drive ``flow`` to its end; an exception while performing an effect (a
+        KeyboardInterrupt, say) is thrown into the flow, which cleans up and re-raises."""
+        answer: Any = None
+        error: BaseException | None = None
+        pending: _Round | None = None
+        try:
+            while True:
+                try:
+                    effect = flow.throw(error) if error is not None else flow.send(answer)
+                except StopIteration as stop:
+                    result: T = stop.value
+                    return result
+                error = None
+                try:
+                    if pending is not None and effect is not SETTLE:
+                        self._park(pending)
+                        pending = None
+                    answer, pending = self._perform(effect, pending)
+                except BaseException as exc:
+                    answer, error = None, exc
+        finally:
+            if pending is not None:
+                self._park(pending)
+
+    def _perform(self, effect: Effect, pending: _Round | None) -> tuple[Any, _Round | None]:
+        if effect is NOW:
+            return time.monotonic(), pending
+        if isinstance(effect, Broadcast):
+            return self._broadcast(effect)
+        if effect is SETTLE:
+            if pending is None:
+                raise RuntimeError("SETTLE without a round in flight")
+            self._collect(pending, settle=True)
+            return pending.effect.tally, None
+        if isinstance(effect, Pause):
+            return self._pause(effect), pending
+        if isinstance(effect, Repeat):
+            until = time.monotonic() + effect.until_s
+            for index in effect.targets:
+                background().repeat(
+                    self.servers[index], effect.script, effect.keys, effect.args, until
+                )
+            return None, pending
+        if effect is IDENTITIES:
+            return tuple(server.identity for server in self.servers), pending
+        raise TypeError(f"unknown effect {effect!r}")
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
+        tally = effect.tally
+        round_ = _Round(effect, time.monotonic() + effect.budget_s)
+        selector = _selector()
+        try:
+            for index in effect.targets:
+                server = self.servers[index]
+                if server.health.suspect:
+                    tally.record(index, *effect.classify(NotSent(f"suspect: {server.health.reason}")))
+                    continue
+                conn = take(server)
+                script, payload = script_call(server, effect.script, effect.keys, effect.args)
+                try:
+                    conn.start(payload, 1)
+                    selector.register(conn.fileno(), conn.events(), None)
+                except Exception as exc:
+                    conn.close()
+                    self._failed(server, exc)
+                    tally.record(index, *effect.classify(exc))
+                    continue
+                round_.calls[conn.fileno()] = _Call(index, server, conn, script)
+            self._collect(round_, settle=False)
+        except BaseException:
+            self._park(round_)
+            raise
+        return tally, (round_ if round_.calls else None)
+
+    def _collect(self, round_: _Round, *, settle: bool) -> None:
+        """Read replies until the round may stop (``settle``: until every call answered) or
+        its deadline; calls still silent at the deadline are votes of TimeoutError."""
+        effect = round_.effect
+        tally = effect.tally
+        stop = None if settle else effect.stop
+        selector = _selector()
+        calls = round_.calls
+        while calls and not (stop is not None and stop(tally)):
+            timeout = round_.deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            for key, _ in selector.select(timeout):
+                call = calls.get(key.fd)  # type: ignore[call-overload]
+                if call is None:
+                    continue
+                self._advance(round_, call, selector)
+        if calls and time.monotonic() >= round_.deadline:
+            for fd, call in list(calls.items()):
+                del calls[fd]
+                selector.unregister(fd)
+                call.conn.close()
+                exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
+                if self._failed(call.server, exc):
+                    pass
+                tally.record(call.index, *effect.classify(exc))
+
+    def _advance(self, round_: _Round, call: _Call, selector: selectors.BaseSelector) -> None:
+        effect = round_.effect
+        conn = call.conn
+        fd = conn.fileno()
+        try:
+            replies = conn.advance()
+        except Exception as exc:
+            del round_.calls[fd]
+            selector.unregister(fd)
+            conn.close()
+            self._failed(call.server, exc)
+            effect.tally.record(call.index, *effect.classify(exc))
+            return
+        if replies is None:
+            selector.modify(fd, conn.events(), None)
+            return
+        server = call.server
+        reply = replies[0]
+        if is_noscript(reply):  # flushed or restarted: run it in full on the same connection
+            server.loaded.discard(call.script.sha)
+            conn.start(full_call(call.script, effect.keys, effect.args), 1)
+            selector.modify(fd, conn.events(), None)
+            return
+        server.loaded.add(call.script.sha)
+        server.learned(conn.identity)
+        server.answered()
+        del round_.calls[fd]
+        selector.unregister(fd)
+        server.idle.append(conn)
+        effect.tally.record(call.index, *effect.classify(reply))
+
+    def _park(self, round_: _Round) -> None:
+        """Hand a decided round's stragglers to the background thread."""
+        selector = _selector()
+        effect = round_.effect
+        for fd, call in list(round_.calls.items()):
+            del round_.calls[fd]
+            try:
+                selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            background().adopt(
+                call.server,
+                call.conn,
+                suspect_at=round_.deadline,
+                script=effect.script,
+                keys=effect.keys,
+                args=effect.args,
+                land=effect.land,
+            )
+
+    def _failed(self, server: Server, exc: BaseException) -> bool:
+        if server.failed(f"{type(exc).__name__}: {exc}"):
+            background().watch(server)
+            return True
+        return False
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def _pause(self, effect: Pause) -> bool:
+        """Sleep up to ``delay_s``, or block on the wake list of one server: True if woken."""
+        delay = effect.delay_s
+        if delay < 0.001:
+            return False
+        if effect.wake is None or self.servers[effect.wake[0]].health.suspect:
+            time.sleep(delay)
+            return False
+        server = self.servers[effect.wake[0]]
+        conn = take(server)
+        started = time.monotonic()
+        try:
+            replies = conn.call(
+                command("BLPOP", effect.wake[1], f"{delay:.3f}"), 1, delay + self.timeout_s
+            )
+        except Exception as exc:
+            conn.close()
+            self._failed(server, exc)
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                time.sleep(rest)
+            return False
+        server.idle.append(conn)
+        reply = replies[0]
+        return isinstance(reply, list)

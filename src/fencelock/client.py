@@ -1,0 +1,150 @@
+"""One handle per set of servers: :class:`Client` (blocking) and :class:`AsyncClient`.
+
+A client resolves its servers once and holds the default lock options; ``client.lock(key)``
+is a dictionary look-up and a small object (no I/O), so building a lock per request is cheap.
+Locks built with ``Lock(servers, key)`` share the same engine anyway (it is process-wide,
+keyed by server address); a client adds one place for defaults and a ``close()``.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from ._async.lock import Lock as AsyncLock
+from ._definition import Definition, Gate
+from ._engine.registry import resolve
+from ._engine.server import Server
+from ._sync.lock import Lock
+from .errors import FencelockError
+from .options import (
+    DEFAULT_TTL,
+    DEFAULT_WAIT,
+    DRIFT_FACTOR,
+    DRIFT_MIN,
+    HANDOFF_WINDOW,
+    RETRY_BASE,
+    RETRY_CAP,
+    LockOptions,
+    Seconds,
+    check_key,
+)
+
+L = TypeVar("L", Lock, AsyncLock)
+
+#: Option sets a client keeps built, by (ttl, wait) asked of ``lock()``, at the most.
+OPTIONS_CACHE_MAX = 256
+
+
+class _ClientBase(Generic[L]):
+    _lock_class: type[L]
+
+    def __init__(
+        self,
+        servers: Any,
+        ttl: Seconds = DEFAULT_TTL,
+        *,
+        wait: Seconds = DEFAULT_WAIT,
+        server_timeout: Seconds | None = None,
+        drift_factor: float = DRIFT_FACTOR,
+        drift_min: Seconds = DRIFT_MIN,
+        retry_base: Seconds = RETRY_BASE,
+        retry_cap: Seconds = RETRY_CAP,
+        renew_every: Seconds | None = None,
+        handoff_window: Seconds = HANDOFF_WINDOW,
+        holder_info: bool = True,
+        purpose: str | None = None,
+    ) -> None:
+        self._raw: dict[str, Any] = {
+            "server_timeout": server_timeout,
+            "drift_factor": drift_factor,
+            "drift_min": drift_min,
+            "retry_base": retry_base,
+            "retry_cap": retry_cap,
+            "renew_every": renew_every,
+            "handoff_window": handoff_window,
+            "holder_info": holder_info,
+            "purpose": purpose,
+        }
+        self.options = LockOptions.build(ttl=ttl, wait=wait, **self._raw)
+        self._servers: tuple[Server, ...] = resolve(servers)
+        self._built: dict[tuple[object, object], LockOptions] = {}
+        self._gate = Gate()
+
+    @property
+    def servers(self) -> list[str]:
+        """Password-free names of the servers, in order."""
+        return [server.name for server in self._servers]
+
+    def lock(self, key: str, ttl: Seconds | None = None, wait: Seconds | None = None) -> L:
+        """A lock on ``key`` over this client's servers; ``ttl``/``wait`` default to the
+        client's. No I/O. Raises :class:`~fencelock.ConfigError` for a bad key or option."""
+        if self._gate.closed:
+            raise FencelockError("this client was closed")
+        options = self._options(ttl, wait)
+        return self._lock_class._of(Definition(self._servers, check_key(key), options, self._gate))  # type: ignore[no-any-return]
+
+    def _options(self, ttl: Seconds | None, wait: Seconds | None) -> LockOptions:
+        if ttl is None and wait is None:
+            return self.options
+        cache_key = (ttl, wait)
+        options = self._built.get(cache_key)
+        if options is None:
+            options = LockOptions.build(
+                ttl=self.options.ttl if ttl is None else ttl,
+                wait=self.options.wait if wait is None else wait,
+                **self._raw,
+            )
+            if len(self._built) >= OPTIONS_CACHE_MAX:
+                self._built.clear()
+            self._built[cache_key] = options
+        return options
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(servers={self.servers}, ttl={self.options.ttl})"
+
+
+class Client(_ClientBase[Lock]):
+    """One handle per set of servers for the blocking API.
+
+    ``Client(servers, ttl=30.0, wait=10.0, ...)`` takes the servers and the keyword options of
+    :class:`~fencelock.Lock` as defaults. ``close()`` (or leaving ``with``) stops new locks and
+    acquisitions from this client's locks; leases already handed out can still be released.
+    """
+
+    _lock_class = Lock
+
+    def close(self) -> None:
+        self._gate.closed = True
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncClient(_ClientBase[AsyncLock]):
+    """The asyncio twin of :class:`Client` (``fencelock.asyncio.Client``): ``await
+    client.aclose()`` or ``async with``."""
+
+    _lock_class = AsyncLock
+
+    async def aclose(self) -> None:
+        self._gate.closed = True
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
