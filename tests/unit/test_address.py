@@ -161,7 +161,7 @@ def test_a_tls_file_that_cannot_be_loaded_raises_config_error(tmp_path: Path) ->
         TLS(ca_certs=str(tmp_path / "missing.pem")).context()
 
 
-# ---- clients --------------------------------------------------------------------------------------
+# ---- clients ------------------------------------------------------------------------------------
 
 
 def test_a_tcp_client_gives_host_port_db_and_credentials() -> None:
@@ -223,7 +223,8 @@ def test_a_client_option_fencelock_cannot_honour_raises_config_error(
 
 
 def test_valkey_clients_are_read_like_redis_clients() -> None:
-    valkey = pytest.importorskip("valkey")
+    pytest.importorskip("valkey")
+    import valkey
     import valkey.asyncio
 
     assert from_client(valkey.Valkey(host="h", port=2, db=3, password="pw")) == Address(

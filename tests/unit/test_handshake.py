@@ -46,7 +46,8 @@ def test_the_prelude_authenticates_selects_then_asks_who_answers(
 
 
 def test_identity_comes_from_info_and_role_for_both_engines() -> None:
-    assert identity_from([INFO_REDIS, ROLE]) == Identity("abc123", "master", "redis", (7, 0, 15), 42)
+    redis_identity = Identity("abc123", "master", "redis", (7, 0, 15), 42)
+    assert identity_from([INFO_REDIS, ROLE]) == redis_identity
     assert identity_from([b"OK", b"OK", INFO_VALKEY, [b"slave", b"h", 1, b"connected", 5]]) == (
         Identity("def456", "slave", "valkey", (8, 1, 8), 7)
     )
