@@ -1,0 +1,1 @@
+"""Per-server state shared by every lock of a process."""

@@ -1,0 +1,382 @@
+"""Where a server is and how to reach it: :class:`Address` and :class:`TLS` (pure; no I/O).
+
+An :class:`Address` is a value: two Locks built from the same URL, or from a URL and a redis-py
+client pointing at the same place, get equal addresses and so share one engine. It is built from
+a URL (:func:`from_url`) or read off a redis-py / valkey-py client (:func:`from_client`); the
+client itself is never used. Its :attr:`Address.name` never contains the password.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import ssl
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ..errors import ConfigError
+from ..options import check_url, redact_url
+
+__all__ = ["TLS", "Address", "from_client", "from_url", "is_client"]
+
+_CERT_REQS: Final = {
+    "required": ssl.CERT_REQUIRED,
+    "optional": ssl.CERT_OPTIONAL,
+    "none": ssl.CERT_NONE,
+}
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS settings of one server (the ``ssl_*`` options of redis-py, same meanings).
+
+    - ``ca_certs`` / ``ca_path``: a CA bundle file / directory to verify the server with; when
+      neither is given and verification is on, the system's default CAs are used.
+    - ``certfile`` / ``keyfile``: a client certificate, for servers that require one.
+    - ``cert_reqs``: ``"required"`` (default: the server's certificate must verify),
+      ``"optional"`` or ``"none"`` (no verification: encrypted, not authenticated).
+    - ``check_hostname``: also match the certificate against the host name (not with
+      ``cert_reqs="none"``). Off by default here; :func:`from_url` turns it on unless told
+      otherwise, and :func:`from_client` copies the client's setting.
+    """
+
+    ca_certs: str | None = None
+    ca_path: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    cert_reqs: str = "required"
+    check_hostname: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cert_reqs not in _CERT_REQS:
+            raise ConfigError(
+                f"ssl_cert_reqs must be 'required', 'optional' or 'none', not {self.cert_reqs!r}"
+            )
+        if self.check_hostname and self.cert_reqs == "none":
+            raise ConfigError("ssl_check_hostname needs ssl_cert_reqs 'required' or 'optional'")
+        if self.keyfile is not None and self.certfile is None:
+            raise ConfigError("ssl_keyfile needs ssl_certfile")
+
+    def context(self) -> ssl.SSLContext:
+        """The client-side :class:`ssl.SSLContext` for these settings (built once per value).
+
+        Raises:
+            ConfigError: a CA or certificate file cannot be loaded.
+        """
+        return _context(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _context(tls: TLS) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = tls.check_hostname
+    ctx.verify_mode = _CERT_REQS[tls.cert_reqs]
+    try:
+        if tls.ca_certs is not None or tls.ca_path is not None:
+            ctx.load_verify_locations(cafile=tls.ca_certs, capath=tls.ca_path)
+        elif ctx.verify_mode != ssl.CERT_NONE:
+            ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        if tls.certfile is not None:
+            ctx.load_cert_chain(tls.certfile, tls.keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS files of {tls!r}: {exc}") from exc
+    return ctx
+
+
+@dataclass(frozen=True)
+class Address:
+    """One server: a TCP ``host``/``port`` or a unix socket ``path``, its ``db`` and credentials.
+
+    Equal addresses mean the same server to the engine. ``password`` is left out of the repr.
+    """
+
+    host: str = "localhost"
+    port: int = 6379
+    path: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: TLS | None = None
+
+    def __post_init__(self) -> None:
+        if self.path is not None and not self.path:
+            raise ConfigError("a unix socket path must not be empty")
+        if self.path is not None and self.tls is not None:
+            raise ConfigError("TLS over a unix socket is not supported")
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise ConfigError(f"port must be an int, not {self.port!r}")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port out of range: {self.port}")
+        if isinstance(self.db, bool) or not isinstance(self.db, int) or self.db < 0:
+            raise ConfigError(f"db must be an int >= 0, not {self.db!r}")
+
+    @property
+    def name(self) -> str:
+        """``"host:port/db"`` or ``"unix:/path"``: how messages and votes name this server."""
+        if self.path:
+            return f"unix:{self.path}"
+        return f"{self.host}:{self.port}/{self.db}"
+
+
+# --------------------------------------------------------------------------------------------
+# URLs
+# --------------------------------------------------------------------------------------------
+
+_URL_OPTIONS: Final = frozenset(
+    {"db", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile",
+     "ssl_check_hostname"}
+)  # fmt: skip
+
+
+def _flag(value: str, name: str, url: str) -> bool:
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be true or false in {redact_url(url)!r}, not {value!r}")
+
+
+def _int(value: str, name: str, url: str) -> int:
+    if not value.isdigit():
+        raise ConfigError(f"{name} must be a number in {redact_url(url)!r}, not {value!r}")
+    return int(value)
+
+
+def from_url(url: str) -> Address:
+    """The address a server URL names.
+
+    Accepts ``redis://``, ``rediss://`` (TLS), ``valkey://``, ``valkeys://`` (TLS) with an
+    optional ``user:password@``, port and ``/db``, and ``unix:///path?db=N``. Query options:
+    ``db``, and for TLS URLs ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_ca_path``,
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname`` (default: on unless
+    ``ssl_cert_reqs=none``, as redis-py >= 6 does).
+
+    >>> from_url("valkey://app:secret@cache.internal:6380/2")
+    Address(host='cache.internal', port=6380, path=None, db=2, username='app', tls=None)
+
+    Raises:
+        ConfigError: a malformed URL, an unknown query option, an ``ssl_*`` option on a URL
+            without TLS, or conflicting values (the message never shows the password).
+    """
+    if not isinstance(url, str):
+        raise ConfigError(f"a server URL must be a str, not {type(url).__name__}")
+    normal = check_url(url)
+    parts = urlsplit(normal)
+    shown = redact_url(url)
+    try:
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        raise ConfigError(f"malformed query in server URL {shown!r}") from None
+    options: dict[str, str] = {}
+    for name, values in query.items():
+        if name not in _URL_OPTIONS:
+            known = ", ".join(sorted(_URL_OPTIONS))
+            raise ConfigError(f"unknown option {name!r} in server URL {shown!r} (known: {known})")
+        if len(values) != 1:
+            raise ConfigError(f"option {name!r} is given twice in server URL {shown!r}")
+        options[name] = values[0]
+
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+
+    db = 0
+    if parts.scheme != "unix":
+        path_db = parts.path.lstrip("/")  # check_url made sure it is digits or empty
+        db = int(path_db) if path_db else 0
+    if "db" in options:
+        query_db = _int(options["db"], "db", url)
+        if parts.scheme != "unix" and parts.path.lstrip("/") and query_db != db:
+            raise ConfigError(f"server URL {shown!r} gives two different databases")
+        db = query_db
+
+    ssl_given = sorted(name for name in options if name.startswith("ssl_"))
+    tls: TLS | None = None
+    if parts.scheme == "rediss":
+        cert_reqs = options.get("ssl_cert_reqs", "required").lower()
+        check_hostname = cert_reqs != "none"  # as redis-py >= 6 does for rediss:// URLs
+        if "ssl_check_hostname" in options:
+            check_hostname = _flag(options["ssl_check_hostname"], "ssl_check_hostname", url)
+        tls = TLS(
+            ca_certs=options.get("ssl_ca_certs") or None,
+            ca_path=options.get("ssl_ca_path") or None,
+            certfile=options.get("ssl_certfile") or None,
+            keyfile=options.get("ssl_keyfile") or None,
+            cert_reqs=cert_reqs,
+            check_hostname=check_hostname,
+        )
+    elif ssl_given:
+        raise ConfigError(
+            f"{', '.join(ssl_given)} given in a URL without TLS: {shown!r} "
+            "(use rediss:// or valkeys://)"
+        )
+
+    if parts.scheme == "unix":
+        return Address(path=unquote(parts.path), db=db, username=username, password=password)
+    assert parts.hostname is not None  # check_url
+    return Address(
+        host=parts.hostname,
+        port=parts.port if parts.port is not None else 6379,
+        db=db,
+        username=username,
+        password=password,
+        tls=tls,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# redis-py / valkey-py clients
+# --------------------------------------------------------------------------------------------
+
+
+def _standalone_types() -> tuple[type, ...]:
+    import redis
+    import redis.asyncio
+
+    types: list[type] = [redis.Redis, redis.asyncio.Redis]
+    try:
+        import valkey
+        import valkey.asyncio
+    except ImportError:
+        pass
+    else:
+        types += [valkey.Valkey, valkey.asyncio.Valkey]
+    return tuple(types)
+
+
+def _cluster_types() -> tuple[type, ...]:
+    import redis.asyncio.cluster
+    import redis.cluster
+
+    types: list[type] = [redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster]
+    try:
+        import valkey.asyncio.cluster
+        import valkey.cluster
+    except ImportError:
+        pass
+    else:
+        types += [valkey.cluster.ValkeyCluster, valkey.asyncio.cluster.ValkeyCluster]
+    return tuple(types)
+
+
+@functools.cache
+def _client_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    return _standalone_types(), _cluster_types()
+
+
+def is_client(obj: object) -> bool:
+    """True for a client :func:`from_client` reads: ``redis.Redis``, ``redis.asyncio.Redis``,
+    and ``valkey.Valkey`` / ``valkey.asyncio.Valkey`` when valkey-py is installed."""
+    return isinstance(obj, _client_types()[0])
+
+
+# connection kwargs fencelock cannot honour yet: refused when set to anything but these values
+_UNSUPPORTED: Final[dict[str, object]] = {
+    "credential_provider": None,
+    "ssl_ca_data": None,
+    "ssl_password": None,
+    "ssl_ciphers": None,
+    "ssl_min_version": None,
+    "ssl_include_verify_flags": None,
+    "ssl_exclude_verify_flags": None,
+    "ssl_validate_ocsp": False,
+    "ssl_validate_ocsp_stapled": False,
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _defaults(connection_class: type) -> dict[str, Any]:
+    """The keyword defaults of a connection class's ``__init__`` (what a pool omits)."""
+    defaults: dict[str, Any] = {}
+    for cls in connection_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        for param in params:
+            if param.default is not inspect.Parameter.empty:
+                defaults.setdefault(param.name, param.default)
+    return defaults
+
+
+def _cert_reqs(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, ssl.VerifyMode):
+        return {ssl.CERT_REQUIRED: "required", ssl.CERT_OPTIONAL: "optional"}.get(value, "none")
+    if isinstance(value, str):
+        lowered = value.lower().removeprefix("cert_")
+        if lowered in _CERT_REQS:
+            return lowered
+    raise ConfigError(f"unknown ssl_cert_reqs {value!r} on the client")
+
+
+def from_client(client: object) -> Address:
+    """The address of the server a redis-py / valkey-py client talks to (no I/O).
+
+    Reads ``client.connection_pool.connection_kwargs`` and ``connection_class``; the client is
+    not used otherwise.
+
+    Raises:
+        ConfigError: not a supported client (cluster clients are not supported yet), or a
+            client option fencelock cannot honour (a credential provider, ``ssl_ca_data``,
+            an encrypted key, ...).
+    """
+    standalone, cluster = _client_types()
+    if isinstance(client, cluster):
+        raise ConfigError(
+            f"cluster clients are not supported yet ({type(client).__name__}); "
+            "give the URL or a client of each master instead"
+        )
+    if not isinstance(client, standalone):
+        raise ConfigError(
+            "a server must be a URL or a redis.Redis / redis.asyncio.Redis client "
+            f"(or valkey's), not {type(client).__name__}"
+        )
+    pool: Any = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = dict(getattr(pool, "connection_kwargs", None) or {})
+    connection_class: Any = getattr(pool, "connection_class", None)
+    if not isinstance(connection_class, type):
+        raise ConfigError(f"cannot tell how {type(client).__name__} connects (no pool)")
+    settings = {**_defaults(connection_class), **kwargs}
+    for name, allowed in _UNSUPPORTED.items():
+        if name in settings and settings[name] is not allowed and settings[name] != allowed:
+            raise ConfigError(f"the client option {name} is not supported by fencelock yet")
+
+    username = settings.get("username") or None
+    password = settings.get("password")
+    db = settings.get("db") or 0
+    path = settings.get("path") or None
+    if isinstance(db, str) and db.isdigit():
+        db = int(db)
+    if path is not None:
+        return Address(path=str(path), db=db, username=username, password=password)
+    tls: TLS | None = None
+    if "ssl" in connection_class.__name__.lower():
+        cert_reqs = _cert_reqs(settings.get("ssl_cert_reqs", "required"))
+        tls = TLS(
+            ca_certs=settings.get("ssl_ca_certs"),
+            ca_path=settings.get("ssl_ca_path"),
+            certfile=settings.get("ssl_certfile"),
+            keyfile=settings.get("ssl_keyfile"),
+            cert_reqs=cert_reqs,
+            # redis-py ignores the flag without verification
+            check_hostname=cert_reqs != "none" and bool(settings.get("ssl_check_hostname")),
+        )
+    port = settings.get("port", 6379)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    return Address(
+        host=str(settings.get("host") or "localhost"),
+        port=port,
+        db=db,
+        username=username,
+        password=password,
+        tls=tls,
+    )
