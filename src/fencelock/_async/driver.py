@@ -10,6 +10,7 @@ aborting its connection, which cannot swallow a cancellation.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import weakref
 from typing import Any, TypeVar
@@ -144,7 +145,7 @@ class AsyncDriver:
                 answer, pending = await self._perform(effect, pending)
             except BaseException as exc:
                 rest = keep(asyncio.ensure_future(self._finish(flow, exc, pending)))
-                return await asyncio.shield(rest)  # type: ignore[no-any-return]
+                return await asyncio.shield(rest)
 
     async def _finish(self, flow: Flow[T], error: BaseException, pending: _Round | None) -> T:
         """Throw ``error`` into ``flow`` and perform what it yields while cleaning up."""
@@ -254,9 +255,7 @@ class AsyncDriver:
             give_up = loop.call_at(
                 _loop_time(loop, max(round_.deadline, time.monotonic() + GIVE_UP_S)), task.cancel
             )
-            task.add_done_callback(
-                lambda t, c=call, s=suspect, g=give_up: _straggler_done(t, c, s, g)
-            )
+            task.add_done_callback(functools.partial(_straggler_done, call, suspect, give_up))
         round_.calls.clear()
 
     async def _pause(self, effect: Pause) -> bool:
@@ -299,10 +298,10 @@ def _suspect_if_silent(task: asyncio.Future[Any], server: Server) -> None:
 
 
 def _straggler_done(
-    task: asyncio.Future[Any],
     call: _Call,
     suspect: asyncio.TimerHandle,
     give_up: asyncio.TimerHandle,
+    task: asyncio.Future[Any],
 ) -> None:
     suspect.cancel()
     give_up.cancel()

@@ -114,8 +114,8 @@ class Lease(LeaseState):
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (at once if it already is)."""
-        if not self._add_callback(callback):  # type: ignore[arg-type]
-            self._run_callback(callback)  # type: ignore[arg-type]
+        if not self._add_callback(callback):
+            self._run_callback(callback)
 
     def keep_alive(self, *, every: Seconds | None = None, max_hold: Seconds | None = None) -> None:
         """Renew in the background every ``every`` s (default ``ttl/3``) until released, lost,

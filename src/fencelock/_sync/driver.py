@@ -190,7 +190,7 @@ class Driver:
             if timeout <= 0:
                 break
             for key, _ in selector.select(timeout):
-                call = calls.get(key.fd)  # type: ignore[call-overload]
+                call = calls.get(key.fd)
                 if call is None:
                     continue
                 self._advance(round_, call, selector)

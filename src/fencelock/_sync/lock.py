@@ -154,8 +154,8 @@ class Lease(LeaseState):
 
         Callbacks run on a fencelock thread: keep them short; exceptions are logged.
         """
-        if not self._add_callback(callback):  # type: ignore[arg-type]
-            self._run_callback(callback)  # type: ignore[arg-type]
+        if not self._add_callback(callback):
+            self._run_callback(callback)
 
     def keep_alive(self, *, every: Seconds | None = None, max_hold: Seconds | None = None) -> None:
         """Renew the lease in the background every ``every`` s (default ``ttl/3``) until it is
