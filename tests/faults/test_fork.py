@@ -1,0 +1,254 @@
+"""F22: the process forks while it holds a lease, or after its Locks opened connections.
+
+Contract (DESIGN.md v0.2, fork-safe): in a child, inherited connections are never used and
+renewal works there, or the lease is reported lost at once. Each test forks with ``os.fork()``;
+the child reports one JSON object through a pipe and leaves with ``os._exit``; the parent waits
+for it with a bounded ``waitpid`` loop and kills it by PID when it overruns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+import fencelock.asyncio as fasync
+from fencelock import Lock
+from fencelock._core.keys import lock_keys
+from fencelock.pytest_plugin import ServerGroupFactory
+
+CHILD_LIMIT_S = 20.0  # a child still running after this long is killed (a hang is a failure)
+TTL = 1.0
+
+Report = dict[str, Any]
+
+
+def fork_child(body: Callable[[], Report]) -> tuple[int, int]:
+    """Fork; the child runs ``body`` and writes its report (JSON) to a pipe, then ``_exit``s.
+    Returns the child's PID and the read end of the pipe."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 3
+        try:
+            os.close(read_fd)
+            try:
+                report = body()
+            except BaseException as exc:
+                report = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            code = 0 if report.get("ok") else 1
+            os.write(write_fd, json.dumps(report, default=str).encode()[:60_000])
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def reap(pid: int, read_fd: int, limit_s: float = CHILD_LIMIT_S) -> Report:
+    """Wait for the child at most ``limit_s`` (then SIGKILL it) and return its report."""
+    status: int | None = None
+    chunks: list[bytes] = []
+    end = time.monotonic() + limit_s
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([read_fd], [], [], 0.02)
+            if ready:
+                chunk = os.read(read_fd, 65536)
+                if chunk:
+                    chunks.append(chunk)
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                break
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return {"ok": False, "error": f"child did not finish within {limit_s} s (killed)"}
+        while select.select([read_fd], [], [], 0)[0]:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+    raw = b"".join(chunks)
+    report: Report = json.loads(raw) if raw else {"ok": False, "error": "the child sent nothing"}
+    report["exit_code"] = os.waitstatus_to_exitcode(status)
+    return report
+
+
+def direct_clients(urls: list[str]) -> list[redis.Redis]:
+    """Fresh clients of our own (made in the calling process, after any fork)."""
+    return [redis.Redis.from_url(u, socket_timeout=2.0, socket_connect_timeout=2.0) for u in urls]
+
+
+def holders_of(clients: list[redis.Redis], name: str, token: str) -> int:
+    """On how many servers the lock ``name`` holds ``token``."""
+    key = lock_keys(name).lock
+    return sum(1 for c in clients if (c.get(key) or b"").decode() == token)
+
+
+def majority(n: int) -> int:
+    return n // 2 + 1
+
+
+@pytest.fixture(params=[1, 3], ids=["1-server", "3-servers"])
+def urls(request: pytest.FixtureRequest, fencelock_servers: ServerGroupFactory) -> list[str]:
+    """Fresh servers: a failing fork test may leave mixed-up connections to them behind."""
+    return list(fencelock_servers(request.param).urls)
+
+
+# -- (a) a child renews a lease of its own --------------------------------------------------------
+
+
+def _hold_in_child(urls: list[str], name: str, hold_s: float) -> Report:
+    lock = Lock(urls, name, ttl=TTL)
+    with lock.hold(wait=2.0, renew=True) as lease:
+        time.sleep(hold_s)
+        ours = holders_of(direct_clients(urls), name, lease.token)
+        lost = lease.lost.is_set()
+        reason = lease.lost_reason
+    return {"ok": ours >= majority(len(urls)) and not lost, "servers_holding_our_token": ours,
+            "lost": lost, "lost_reason": reason}  # fmt: skip
+
+
+def test_a_forked_child_keeps_its_own_lease_alive_by_renewal(urls: list[str], key: str) -> None:
+    parent = Lock(urls, f"{key}:parent", ttl=TTL)
+    with parent.hold(wait=2.0, renew=True) as lease:
+        pid, read_fd = fork_child(lambda: _hold_in_child(urls, f"{key}:child", 3 * TTL))
+        report = reap(pid, read_fd)
+        parent_holds = holders_of(direct_clients(urls), f"{key}:parent", lease.token)
+        parent_lost = lease.lost.is_set()
+    assert report["ok"], f"child: {report}"
+    assert not parent_lost and parent_holds >= majority(len(urls))
+
+
+def test_a_forked_child_keeps_its_own_asyncio_lease_alive_by_renewal(
+    urls: list[str], key: str
+) -> None:
+    async def warm() -> None:  # the parent used the asyncio front end before the fork
+        lock = fasync.Lock(urls, f"{key}:parent-async", ttl=TTL)
+        await (await lock.acquire(wait=2.0)).release()
+
+    async def child_main() -> Report:
+        lock = fasync.Lock(urls, f"{key}:child", ttl=TTL)
+        async with lock.hold(wait=2.0, renew=True) as lease:
+            await asyncio.sleep(3 * TTL)
+            ours = holders_of(direct_clients(urls), f"{key}:child", lease.token)
+            lost = lease.lost.is_set()
+        return {"ok": ours >= majority(len(urls)) and not lost,
+                "servers_holding_our_token": ours, "lost": lost}  # fmt: skip
+
+    asyncio.run(warm())
+    parent = Lock(urls, f"{key}:parent", ttl=TTL)
+    with parent.hold(wait=2.0, renew=True) as lease:
+        pid, read_fd = fork_child(lambda: asyncio.run(child_main()))
+        report = reap(pid, read_fd)
+        parent_lost = lease.lost.is_set()
+    assert report["ok"], f"child: {report}"
+    assert not parent_lost
+
+
+# -- (b) parent and child use Locks whose connections were opened before the fork -----------------
+
+CYCLES = 50
+
+
+def _cycles(lock: Lock, urls: list[str], name: str, count: int) -> Report:
+    """``count`` acquire/release cycles, each checked on the servers directly: the token is on a
+    majority, the fence is the one the servers' fence register holds and it only grows, and the
+    release really freed the key."""
+    clients = direct_clients(urls)
+    keys = lock_keys(name)
+    problems: list[str] = []
+    previous = 0
+    done = 0
+    try:
+        for i in range(count):
+            lease = lock.acquire(wait=2.0)
+            ours = holders_of(clients, name, lease.token)
+            if ours < majority(len(urls)):
+                problems.append(f"cycle {i}: token on {ours}/{len(urls)} servers")
+            registers = [int(c.get(keys.fence) or 0) for c in clients]
+            if sum(1 for f in registers if f == lease.fence) < majority(len(urls)):
+                problems.append(f"cycle {i}: fence {lease.fence}, registers {registers}")
+            if lease.fence <= previous:
+                problems.append(f"cycle {i}: fence {lease.fence} after {previous}")
+            previous = lease.fence
+            lease.release()
+            left = holders_of(clients, name, lease.token)
+            if left:
+                problems.append(f"cycle {i}: released, but the token is left on {left} servers")
+            done += 1
+            if len(problems) >= 5:
+                break
+    except Exception as exc:
+        problems.append(f"after {done} cycles: {type(exc).__name__}: {exc}")
+    return {"ok": not problems and done == count, "cycles": done, "problems": problems}
+
+
+def test_locks_used_before_a_fork_work_in_parent_and_child_at_once(
+    urls: list[str], key: str
+) -> None:
+    mine = Lock(urls, f"{key}:parent", ttl=5.0)
+    theirs = Lock(urls, f"{key}:child", ttl=5.0)
+    for _ in range(3):  # open (and pool) connections to every server before the fork
+        mine.acquire(wait=2.0).release()
+        theirs.acquire(wait=2.0).release()
+    go_read, go_write = os.pipe()
+
+    def child() -> Report:
+        if not select.select([go_read], [], [], 5.0)[0]:
+            return {"ok": False, "error": "no start signal"}
+        return _cycles(theirs, urls, f"{key}:child", CYCLES)
+
+    pid, read_fd = fork_child(child)
+    os.close(go_read)
+    os.write(go_write, b"go")  # both start together: the inherited sockets are used at once
+    os.close(go_write)
+    parent_report = _cycles(mine, urls, f"{key}:parent", CYCLES)
+    child_report = reap(pid, read_fd)
+    assert child_report["ok"], f"child: {child_report}"
+    assert parent_report["ok"], f"parent: {parent_report}"
+
+
+# -- (c) a lease renewed in the parent, seen from the child ---------------------------------------
+
+
+def _watch_inherited(lease: Any, watch_s: float) -> Report:
+    """In the child: the inherited lease must stay renewed, or be reported lost no later than
+    its local validity runs out (plus 100 ms), never silently run out with ``lost`` unset."""
+    end = time.monotonic() + watch_s
+    ran_out_at: float | None = None
+    while time.monotonic() < end:
+        if lease.lost.is_set():
+            return {"ok": True, "outcome": "lost", "reason": lease.lost_reason}
+        if lease.remaining() <= 0.0:
+            ran_out_at = ran_out_at or time.monotonic()
+            if time.monotonic() - ran_out_at > 0.1:
+                return {"ok": False, "outcome": "neither: validity ran out, lost not set"}
+        time.sleep(0.005)
+    return {"ok": lease.remaining() > 0.0, "outcome": "renewed",
+            "remaining": lease.remaining()}  # fmt: skip
+
+
+def test_a_lease_renewed_across_a_fork_is_renewed_or_reported_lost_in_the_child(
+    urls: list[str], key: str
+) -> None:
+    lock = Lock(urls, key, ttl=TTL)
+    with lock.hold(wait=2.0, renew=True) as lease:
+        pid, read_fd = fork_child(lambda: _watch_inherited(lease, 3 * TTL))
+        report = reap(pid, read_fd)
+        parent_holds = holders_of(direct_clients(urls), key, lease.token)
+        parent_lost = lease.lost.is_set()
+    assert report["ok"], f"child: {report}"
+    # whatever the child did, the parent's lease is untouched and still renewed
+    assert not parent_lost and parent_holds >= majority(len(urls))
