@@ -26,6 +26,41 @@ from .options import (
 )
 
 
+#: Validated option sets kept by their raw arguments (a Lock per key validates nothing twice).
+_built: dict[tuple[object, ...], LockOptions] = {}
+_BUILT_MAX = 512
+_FIELDS = (
+    "ttl",
+    "wait",
+    "server_timeout",
+    "drift_factor",
+    "drift_min",
+    "retry_base",
+    "retry_cap",
+    "renew_every",
+    "handoff_window",
+    "holder_info",
+    "purpose",
+)
+
+
+def _options(args: tuple[object, ...]) -> LockOptions:
+    """``LockOptions.build`` of the arguments, remembered (keyed with their types, so that
+    ``True`` is not taken for ``1``)."""
+    try:
+        cache_key = tuple((type(a), a) for a in args)
+        options = _built.get(cache_key)
+    except TypeError:  # unhashable: validation will say what is wrong
+        cache_key, options = (), None
+    if options is None:
+        options = LockOptions.build(**dict(zip(_FIELDS, args)))
+        if cache_key:
+            if len(_built) >= _BUILT_MAX:
+                _built.clear()
+            _built[cache_key] = options
+    return options
+
+
 class LockFront:
     """A lock definition: servers, key, lease length, default wait. Safe to share.
 
@@ -67,20 +102,20 @@ class LockFront:
         holder_info: bool = True,
         purpose: str | None = None,
     ) -> None:
-        options = LockOptions.build(
-            ttl=ttl,
-            wait=wait,
-            server_timeout=server_timeout,
-            drift_factor=drift_factor,
-            drift_min=drift_min,
-            retry_base=retry_base,
-            retry_cap=retry_cap,
-            renew_every=renew_every,
-            handoff_window=handoff_window,
-            holder_info=holder_info,
-            purpose=purpose,
+        args = (
+            ttl,
+            wait,
+            server_timeout,
+            drift_factor,
+            drift_min,
+            retry_base,
+            retry_cap,
+            renew_every,
+            handoff_window,
+            holder_info,
+            purpose,
         )
-        self._setup(Definition(resolve(servers), key, options))
+        self._setup(Definition(resolve(servers), key, _options(args)))
 
     @classmethod
     def _of(cls, definition: Definition) -> Any:

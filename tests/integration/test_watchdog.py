@@ -12,7 +12,7 @@ import pytest
 
 import fencelock.asyncio as flasync
 from fencelock import Lease, Lock, LockLost
-from fencelock._sync import watchdog
+from fencelock._sync import renewal
 from fencelock.servers import Server
 
 KEY_PREFIX = "fencelock:{"
@@ -159,7 +159,7 @@ def test_a_dropped_lease_stops_renewing(fencelock_server: Server) -> None:
     del lease  # held weakly by the watchdog: the key must run out on its own
     client = fencelock_server.client()
     assert wait_until(lambda: client.exists(lock_key("wd:dropped")) == 0, 2.0)
-    assert watchdog.scheduler() is not None
+    assert renewal.scheduler() is not None
 
 
 def test_async_body_is_cancelled_on_loss(fencelock_server: Server) -> None:

@@ -74,8 +74,8 @@ def take(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
     return AsyncConnection(server.address)
 
 
-def _failed(server: Server, exc: BaseException) -> None:
-    if server.failed(f"{type(exc).__name__}: {exc}"):
+def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) -> None:
+    if server.failed(f"{type(exc).__name__}: {exc}", timeout_s):
         background().watch(server)
 
 
@@ -139,7 +139,7 @@ class AsyncDriver:
                 self._park(pending)
                 raise
             try:
-                if pending is not None and effect is not SETTLE:
+                if pending is not None and isinstance(effect, Broadcast | Pause):
                     self._park(pending)
                     pending = None
                 answer, pending = await self._perform(effect, pending)
@@ -160,7 +160,7 @@ class AsyncDriver:
                 return result
             thrown = None
             try:
-                if pending is not None and effect is not SETTLE:
+                if pending is not None and isinstance(effect, Broadcast | Pause):
                     self._park(pending)
                     pending = None
                 answer, pending = await self._perform(effect, pending)
@@ -174,7 +174,7 @@ class AsyncDriver:
             return await self._broadcast(effect)
         if effect is SETTLE:
             if pending is None:
-                raise RuntimeError("SETTLE without a round in flight")
+                return None, None  # every call of the last round has answered already
             await self._collect(pending, settle=True)
             return pending.effect.tally, None
         if isinstance(effect, Pause):
@@ -227,7 +227,7 @@ class AsyncDriver:
                 exc = task.exception()
                 if exc is not None:
                     call.conn.close()
-                    _failed(call.server, exc)
+                    _failed(call.server, exc, self.timeout_s)
                     tally.record(call.index, *effect.classify(exc))
                 else:
                     tally.record(call.index, *effect.classify(task.result()))
@@ -237,7 +237,7 @@ class AsyncDriver:
                 task.cancel()
                 call.conn.close()
                 exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
-                _failed(call.server, exc)
+                _failed(call.server, exc, self.timeout_s)
                 tally.record(call.index, *effect.classify(exc))
 
     def _park(self, round_: _Round | None) -> None:
@@ -277,7 +277,7 @@ class AsyncDriver:
             raise
         except Exception as exc:
             conn.close()
-            _failed(server, exc)
+            _failed(server, exc, self.timeout_s)
             rest = delay - (time.monotonic() - started)
             if rest > 0:
                 await asyncio.sleep(rest)

@@ -49,8 +49,14 @@ class Attempt:
     tally: Tally
 
 
-def _decided(tally: Tally) -> bool:
-    return tally.decided
+def _settled(tally: Tally) -> bool:
+    """An acquire round may stop once won, or once lost AND it is clear whether for
+    contention (enough servers answered "held") or for an outage (too few can answer)."""
+    if tally.won:
+        return True
+    return tally.lost and (
+        tally.answered >= tally.needed or tally.answered + tally.pending < tally.needed
+    )
 
 
 def _won(tally: Tally) -> bool:
@@ -69,18 +75,18 @@ def attempt(
     start: float = yield NOW
     args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
     tally = Tally(plan.n)
-    yield Broadcast(
-        "acquire",
-        plan.everyone,
-        plan.acquire_keys,
-        args,
-        classify_acquire,
-        _decided,
-        plan.budget_s,
-        tally,
-    )
     drift = plan.drift_ms(plan.ttl_ms)
     try:
+        yield Broadcast(
+            "acquire",
+            plan.everyone,
+            plan.acquire_keys,
+            args,
+            classify_acquire,
+            _settled,
+            plan.budget_s,
+            tally,
+        )
         now: float = yield NOW
         decision = decide_acquire(
             tally,

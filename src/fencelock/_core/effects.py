@@ -9,7 +9,8 @@ a round, what a reply means) is carried by the effect itself, so one flow serves
 | ``NOW``       | reads the monotonic clock                                   | float seconds          |
 | ``Broadcast`` | runs one script on every target server in parallel, votes   | the round's ``Tally``  |
 |               | recorded with ``classify`` until ``stop(tally)`` or budget  |                        |
-| ``SETTLE``    | waits for the last broadcast's stragglers (to its deadline) | the same ``Tally``     |
+| ``SETTLE``    | waits for the last broadcast's stragglers (to its deadline) | None (votes go to the  |
+|               |                                                             | broadcast's tally)     |
 | ``Pause``     | sleeps up to ``delay_s``, woken early by a wake element     | True if woken          |
 | ``Repeat``    | repeats a script in the background on servers that did not  | None                   |
 |               | answer, until one answer more than the first (or ``until``) |                        |

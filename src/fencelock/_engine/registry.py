@@ -75,7 +75,8 @@ def resolve(servers: object) -> tuple[Server, ...]:
     result: list[Server] = []
     for item in items:
         if isinstance(item, str):
-            check_url(item)
+            if item not in _by_url:
+                check_url(item)
         elif not is_client(item):
             raise ConfigError(
                 f"each server must be a URL or a redis client, not {type(item).__name__}"

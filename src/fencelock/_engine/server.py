@@ -53,6 +53,7 @@ class Server:
         self.async_idle: dict[int, tuple[Any, list[Any]]] = {}  # id(loop) -> (loop ref, conns)
         self.late: deque[LateCall] = deque(maxlen=LATE_MAX)
         self.lock = threading.Lock()
+        self.timeout_s = 1.0  # the server timeout of the last round that found it failing
 
     def learned(self, identity: Identity | None) -> None:
         """A connection finished its handshake (``identity`` None when an ACL hides INFO)."""
@@ -63,8 +64,11 @@ class Server:
             self.loaded.clear()  # restarted: its script cache is empty
         self.identity = identity
 
-    def failed(self, reason: str) -> bool:
-        """A call timed out or could not connect; True when the server just became suspect."""
+    def failed(self, reason: str, timeout_s: float | None = None) -> bool:
+        """A call timed out or could not connect; True when the server just became suspect.
+        ``timeout_s``: the caller's server timeout (background probes wait that long)."""
+        if timeout_s is not None:
+            self.timeout_s = timeout_s
         with self.lock:
             return self.health.failed(time.monotonic(), reason)
 

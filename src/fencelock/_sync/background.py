@@ -31,7 +31,7 @@ log = logging.getLogger("fencelock.background")
 
 #: A straggler's reply still missing this long (s) after its round was lost on the way.
 GIVE_UP_S = 1.0
-#: A probe or a late batch gets this long (s) to answer.
+#: A probe or a late batch gets the server timeout to answer, and this long (s) at the most.
 PROBE_TIMEOUT_S = 1.0
 #: A late call is sent once more this long (s) after its first answer.
 LATE_AGAIN_S = 0.05
@@ -273,7 +273,8 @@ class Background:
         self, server: Server, kind: type[_Job], payload: bytes, replies: int, *extra: Any
     ) -> None:
         conn = Connection(server.address)
-        job = kind(server, conn, time.monotonic() + PROBE_TIMEOUT_S, *extra)
+        timeout = min(PROBE_TIMEOUT_S, max(0.05, server.timeout_s))
+        job = kind(server, conn, time.monotonic() + timeout, *extra)
         try:
             conn.start(payload, replies)
         except Exception as exc:

@@ -115,7 +115,7 @@ class Driver:
                     return result
                 error = None
                 try:
-                    if pending is not None and effect is not SETTLE:
+                    if pending is not None and isinstance(effect, Broadcast | Pause):
                         self._park(pending)
                         pending = None
                     answer, pending = self._perform(effect, pending)
@@ -132,7 +132,7 @@ class Driver:
             return self._broadcast(effect)
         if effect is SETTLE:
             if pending is None:
-                raise RuntimeError("SETTLE without a round in flight")
+                return None, None  # every call of the last round has answered already
             self._collect(pending, settle=True)
             return pending.effect.tally, None
         if isinstance(effect, Pause):
@@ -256,7 +256,7 @@ class Driver:
             )
 
     def _failed(self, server: Server, exc: BaseException) -> bool:
-        if server.failed(f"{type(exc).__name__}: {exc}"):
+        if server.failed(f"{type(exc).__name__}: {exc}", self.timeout_s):
             background().watch(server)
             return True
         return False

@@ -1,0 +1,298 @@
+"""The flows of ``fencelock._core`` driven by a scripted driver: no sockets, no sleeps.
+
+The driver answers each Broadcast from a table of replies per (script, server) in an order the
+test chooses, so stragglers can be made to arrive in every order; a vote not given before the
+round's stop rule holds is a straggler, recorded only at SETTLE (or never).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from fencelock import ConfigError, LockLost, NotAcquired, Unavailable
+from fencelock._core.acquire import Grant, acquire, attempt, try_acquire
+from fencelock._core.effects import (
+    IDENTITIES,
+    NOW,
+    SETTLE,
+    Broadcast,
+    Flow,
+    NotSent,
+    Pause,
+    Repeat,
+)
+from fencelock._core.extend import ExtendOutcome, extend, renew
+from fencelock._core.plan import LockPlan, make_plan
+from fencelock._core.release import release
+
+GRANT = [1, 500]  # acquire.lua: granted, fence 500
+HELD = [0, 1200]  # acquire.lua: held by another, 1200 ms left
+OK = 1
+NOT_OURS = 0
+
+
+def plan_of(n: int, ttl_s: float = 10.0) -> LockPlan:
+    return make_plan(
+        "k",
+        tuple(f"s{i}" for i in range(n)),
+        ttl_s=ttl_s,
+        drift_factor=0.01,
+        drift_min_s=0.002,
+        server_timeout_s=0.5,
+        retry_base_s=0.01,
+        retry_cap_s=0.5,
+        handoff_window_s=0.05,
+        wake_lifetime_s=5.0,
+    )
+
+
+@dataclass
+class Ident:
+    run_id: str
+    role: str = "master"
+
+
+@dataclass
+class Script:
+    """Replies by script name: a list per server index (one entry per call of that script), and
+    the order in which servers answer; ``ROUND_S`` of the clock passes per round."""
+
+    replies: dict[str, list[list[object]]]
+    order: Sequence[int] | None = None
+    identities: tuple[Any, ...] = ()
+    round_s: float = 0.001
+    now: float = 100.0
+    log: list[Any] = field(default_factory=list)
+    stragglers: list[tuple[Broadcast, list[int]]] = field(default_factory=list)
+
+    def reply(self, script: str, index: int) -> object:
+        queue = self.replies[script][index]
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    def run(self, flow: Flow[Any]) -> Any:
+        answer: Any = None
+        error: BaseException | None = None
+        pending: tuple[Broadcast, list[int]] | None = None
+        while True:
+            try:
+                effect = flow.throw(error) if error is not None else flow.send(answer)
+            except StopIteration as stop:
+                return stop.value
+            error = None
+            self.log.append(effect)
+            if effect is NOW:
+                answer = self.now
+            elif effect is IDENTITIES:
+                answer = self.identities
+            elif isinstance(effect, Broadcast):
+                self.now += self.round_s
+                order = [i for i in (self.order or effect.targets) if i in effect.targets]
+                left = list(order)
+                while left and not (effect.stop is not None and effect.stop(effect.tally)):
+                    index = left.pop(0)
+                    result = self.reply(effect.script, index)
+                    effect.tally.record(index, *effect.classify(result))
+                pending = (effect, left) if left else None
+                if pending:
+                    self.stragglers.append(pending)
+                answer = None
+            elif effect is SETTLE:
+                if pending is not None:
+                    for index in pending[1]:
+                        result = self.reply(pending[0].script, index)
+                        pending[0].tally.record(index, *pending[0].classify(result))
+                    pending[1].clear()
+                answer = None
+            elif isinstance(effect, Pause):
+                self.now += effect.delay_s
+                answer = False
+            elif isinstance(effect, Repeat):
+                answer = None
+            else:
+                raise AssertionError(effect)
+
+    def broadcasts(self, script: str) -> list[Broadcast]:
+        return [e for e in self.log if isinstance(e, Broadcast) and e.script == script]
+
+
+def table(n: int, **by_script: Sequence[object]) -> dict[str, list[list[object]]]:
+    return {name: [[r] for r in replies] for name, replies in by_script.items()} | {
+        name: [[OK]] * n for name in ("release", "fence_commit", "extend") if name not in by_script
+    }
+
+
+def test_a_one_server_grant_is_valid_until_start_plus_ttl_minus_drift() -> None:
+    plan = plan_of(1)
+    driver = Script(table(1, acquire=[GRANT]), round_s=3.0)  # a slow round: 3 s of 10
+    grant = driver.run(try_acquire(plan, "tok", ""))
+    assert isinstance(grant, Grant)
+    drift = plan.drift_ms(plan.ttl_ms) / 1000
+    # the round's elapsed time is not subtracted a second time
+    assert grant.deadline == pytest.approx(grant.start + 10.0 - drift)
+    assert grant.fence == 500
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_three_servers_grant_in_every_reply_order_and_commit_only_to_granting(
+    order: tuple[int, ...],
+) -> None:
+    plan = plan_of(3)
+    driver = Script(table(3, acquire=[GRANT, [1, 700], HELD]), order=order)
+    grant = driver.run(try_acquire(plan, "tok", ""))
+    assert grant is not None and grant.fence in (500, 700)
+    commit = driver.broadcasts("fence_commit")
+    assert len(commit) == 1
+    assert set(commit[0].targets) == {i for i in (0, 1) if i in commit[0].targets}
+    assert 2 not in commit[0].targets
+    assert commit[0].args[1] == str(grant.fence)
+    assert not driver.broadcasts("release")
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_a_failed_round_settles_its_stragglers_before_releasing_where_it_may_have_landed(
+    order: tuple[int, ...],
+) -> None:
+    plan = plan_of(3)
+    driver = Script(table(3, acquire=[GRANT, HELD, HELD]), order=order)
+    assert driver.run(try_acquire(plan, "tok", "")) is None
+    releases = driver.broadcasts("release")
+    assert len(releases) == 1 and releases[0].targets == (0,)
+    settle_at = [i for i, e in enumerate(driver.log) if e is SETTLE]
+    release_at = driver.log.index(releases[0])
+    if driver.stragglers:  # the round stopped before server 0's grant was read
+        assert settle_at and settle_at[0] < release_at
+
+
+def test_contention_waits_on_the_holders_wake_list_then_raises_not_acquired() -> None:
+    plan = plan_of(3)
+    driver = Script(table(3, acquire=[HELD, HELD, HELD]))
+    flow = acquire(plan, 0.5, new_token=lambda: "t" * 40, holder_info=str, rand=lambda: 0.5)
+    with pytest.raises(NotAcquired) as caught:
+        driver.run(flow)
+    assert "0/3 servers agreed, majority is 3" in str(caught.value) or "0/3" in str(caught.value)
+    pauses = [e for e in driver.log if isinstance(e, Pause)]
+    assert pauses and all(p.wake == (0, plan.keys.wake) for p in pauses)
+    assert not driver.broadcasts("release")  # nothing can have landed
+
+
+def test_suspect_servers_are_not_released_in_the_round_but_repeated_later() -> None:
+    plan = plan_of(3)
+    driver = Script(table(3, acquire=[NotSent("suspect"), HELD, HELD]))
+    assert driver.run(try_acquire(plan, "tok", "")) is None
+    assert not driver.broadcasts("release")  # never sent: nothing to undo
+    driver = Script(table(3, acquire=[GRANT, GRANT, GRANT], release=[OK, NotSent("x"), OK]))
+    grant = driver.run(try_acquire(plan, "tok", ""))
+    assert grant is not None
+    verdict = driver.run(release(plan, grant.token, expired=False))
+    assert verdict.error is None
+    repeats = [e for e in driver.log if isinstance(e, Repeat)]
+    assert repeats and repeats[0].targets == (1,)
+
+
+def test_too_few_answers_is_unavailable_not_contention() -> None:
+    plan = plan_of(3)
+    driver = Script(table(3, acquire=[TimeoutError(), TimeoutError(), HELD]))
+    with pytest.raises(Unavailable):
+        driver.run(try_acquire(plan, "tok", ""))
+    releases = driver.broadcasts("release")
+    assert releases and set(releases[0].targets) == {0, 1}
+
+
+def test_the_same_server_twice_is_a_config_error_and_the_grant_is_released() -> None:
+    plan = plan_of(3)
+    driver = Script(
+        table(3, acquire=[GRANT, HELD, GRANT]),
+        identities=(Ident("a"), Ident("a"), Ident("c")),
+    )
+    with pytest.raises(ConfigError, match="same server"):
+        driver.run(try_acquire(plan, "tok", ""))
+    releases = driver.broadcasts("release")
+    assert releases and set(releases[0].targets) == {0, 2}
+
+
+def test_a_replica_given_as_a_node_is_a_config_error() -> None:
+    driver = Script(
+        table(3, acquire=[GRANT, GRANT, GRANT]),
+        identities=(Ident("a"), Ident("b", "slave"), Ident("c")),
+    )
+    with pytest.raises(ConfigError, match="replica"):
+        driver.run(try_acquire(plan_of(3), "tok", ""))
+
+
+def test_an_interrupt_during_the_round_releases_before_it_propagates() -> None:
+    plan = plan_of(3)
+    flow = attempt(plan, "tok", "", woken=False, waiter="-", patience=0)
+    assert next(flow) is NOW
+    first = flow.send(100.0)
+    assert isinstance(first, Broadcast) and first.script == "acquire"
+    first.tally.record(0, *first.classify(GRANT))
+    cleanup = flow.throw(KeyboardInterrupt())
+    # the flow asks to wait for the stragglers, then releases where the SET may have landed
+    assert cleanup is SETTLE
+    step = flow.send(None)
+    assert isinstance(step, Broadcast) and step.script == "release"
+    for index in step.targets:
+        step.tally.record(index, *step.classify(OK))
+    with pytest.raises(KeyboardInterrupt):
+        flow.send(None)
+
+
+def run_extend(plan: LockPlan, replies: list[object], deadline: float) -> Any:
+    driver = Script(table(plan.n, extend=replies))
+    return driver.run(extend(plan, "tok", 2000, deadline))
+
+
+def test_an_extend_of_unknown_outcome_keeps_the_earlier_deadline() -> None:
+    plan = plan_of(3)
+    old = 100.0 + 9.0
+    result = run_extend(plan, [OK, TimeoutError(), TimeoutError()], old)
+    assert result.outcome is ExtendOutcome.UNKNOWN
+    # a shorter PEXPIRE (2 s) may have landed on a majority: the new, earlier deadline holds
+    assert result.deadline == pytest.approx(100.0 + 2.0 - plan.drift_ms(2000) / 1000)
+    assert isinstance(result.error, Unavailable)
+
+
+def test_a_confirmed_extend_moves_the_deadline_and_a_refused_one_loses_the_lease() -> None:
+    plan = plan_of(3)
+    confirmed = run_extend(plan, [OK, OK, NOT_OURS], 101.0)
+    assert confirmed.outcome is ExtendOutcome.CONFIRMED and confirmed.error is None
+    assert confirmed.deadline == pytest.approx(100.0 + 2.0 - plan.drift_ms(2000) / 1000)
+    refused = run_extend(plan, [NOT_OURS, NOT_OURS, OK], 101.0)
+    assert refused.outcome is ExtendOutcome.REFUSED
+    assert isinstance(refused.error, LockLost) and refused.lost_reason
+
+
+def test_renewal_stops_at_max_hold_and_retries_sooner_after_a_failure() -> None:
+    plan = plan_of(3)
+    driver = Script(table(3, extend=[OK, OK, OK]))
+    stopped = driver.run(renew(plan, "tok", 105.0, every_s=3.0, stop_at=100.0))
+    assert stopped.next_at is None and stopped.stop_reason and stopped.lost_reason is None
+    driver = Script(table(3, extend=[TimeoutError(), TimeoutError(), OK]))
+    step = driver.run(renew(plan, "tok", 103.0, every_s=3.0, stop_at=None))
+    assert step.lost_reason is None and step.next_at is not None
+    assert step.next_at - driver.now < 3.0  # retried before the usual period
+
+
+@pytest.mark.parametrize(
+    ("replies", "expired", "error"),
+    [
+        ([OK, OK, NOT_OURS], False, None),
+        ([NOT_OURS, NOT_OURS, OK], False, LockLost),
+        ([TimeoutError(), TimeoutError(), OK], False, Unavailable),
+        ([TimeoutError(), TimeoutError(), OK], True, LockLost),
+    ],
+)
+def test_release_verdicts(
+    replies: list[object], expired: bool, error: Callable[..., Exception] | None
+) -> None:
+    driver = Script(table(3, release=replies))
+    verdict = driver.run(release(plan_of(3), "tok", expired=expired))
+    if error is None:
+        assert verdict.error is None
+    else:
+        assert isinstance(verdict.error, error)  # type: ignore[arg-type]
