@@ -27,6 +27,7 @@ import pytest
 from fencelock._async.connection import AsyncConnection
 from fencelock._engine.address import TLS, Address
 from fencelock._engine.handshake import HandshakeError, Identity
+from fencelock._engine import resp
 from fencelock._engine.resp import ReplyError, command
 from fencelock._sync.connection import Connection
 from fencelock.servers import Server, free_port
@@ -607,3 +608,15 @@ def test_a_plain_connection_to_a_tls_port_fails_instead_of_hanging(
     conn = Connection(Address(host="127.0.0.1", port=port))
     with pytest.raises(ConnectionError):  # the server hangs up; not a TimeoutError
         conn.call(PING, 1, 5.0)
+
+
+def test_the_pure_python_parser_serves_both_front_ends_too(
+    server: Server, roundtrip: Roundtrip, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resp, "USING_HIREDIS", False)
+    assert not resp.Parser().using_hiredis
+    payload = command("EVALSHA", "0" * 40, 0) + command("ECHO", b"x" * 100_000)
+    replies, identity = roundtrip(tcp(server), payload, 2)
+    assert isinstance(replies[0], ReplyError) and replies[0].kind == "NOSCRIPT"
+    assert replies[1] == b"x" * 100_000
+    assert identity is not None
