@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from fencelock._async.connection import AsyncConnection
+from fencelock._engine import resp
 from fencelock._engine.address import TLS, Address
 from fencelock._engine.handshake import HandshakeError, Identity
-from fencelock._engine import resp
 from fencelock._engine.resp import ReplyError, command
 from fencelock._sync.connection import Connection
 from fencelock.servers import Server, free_port
