@@ -137,7 +137,7 @@ class LeaseState:
 
     def _deadline_passed(self) -> None:
         if time.monotonic() >= self._deadline:
-            reason = self._stop_reason or "renewal did not confirm before the local deadline"
+            reason = self._stop_reason or "renewal not confirmed before the local deadline"
             self._mark_lost(reason)
 
     def _done(self) -> bool:

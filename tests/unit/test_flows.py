@@ -22,6 +22,7 @@ from fencelock._core.effects import (
     SETTLE,
     Broadcast,
     Flow,
+    Identify,
     NotSent,
     Pause,
     Repeat,
@@ -64,7 +65,8 @@ class Script:
 
     replies: dict[str, list[list[object]]]
     order: Sequence[int] | None = None
-    identities: tuple[Any, ...] = ()
+    identities: tuple[Any, ...] = ()  # known after the grant round (its handshakes)
+    known: tuple[Any, ...] = ()  # known before it (answer to Identify)
     round_s: float = 0.001
     now: float = 100.0
     log: list[Any] = field(default_factory=list)
@@ -89,6 +91,8 @@ class Script:
                 answer = self.now
             elif effect is IDENTITIES:
                 answer = self.identities
+            elif isinstance(effect, Identify):
+                answer = self.known
             elif isinstance(effect, Broadcast):
                 self.now += self.round_s
                 order = [i for i in (self.order or effect.targets) if i in effect.targets]
@@ -215,6 +219,15 @@ def test_the_same_server_twice_is_a_config_error_and_the_grant_is_released() -> 
     assert releases and set(releases[0].targets) == {0, 2}
 
 
+def test_servers_known_to_be_the_same_are_refused_before_any_lock_traffic() -> None:
+    driver = Script(
+        table(3, acquire=[GRANT, GRANT, GRANT]), known=(Ident("a"), Ident("b"), Ident("a"))
+    )
+    with pytest.raises(ConfigError, match="same server"):
+        driver.run(try_acquire(plan_of(3), "tok", ""))
+    assert not [e for e in driver.log if isinstance(e, Broadcast)]
+
+
 def test_a_replica_given_as_a_node_is_a_config_error() -> None:
     driver = Script(
         table(3, acquire=[GRANT, GRANT, GRANT]),
@@ -227,7 +240,8 @@ def test_a_replica_given_as_a_node_is_a_config_error() -> None:
 def test_an_interrupt_during_the_round_releases_before_it_propagates() -> None:
     plan = plan_of(3)
     flow = attempt(plan, "tok", "", woken=False, waiter="-", patience=0)
-    assert next(flow) is NOW
+    assert isinstance(next(flow), Identify)
+    assert flow.send(()) is NOW
     first = flow.send(100.0)
     assert isinstance(first, Broadcast) and first.script == "acquire"
     first.tally.record(0, *first.classify(GRANT))

@@ -22,14 +22,16 @@ from .._core.effects import (
     Broadcast,
     Effect,
     Flow,
+    Identify,
     NotSent,
     Pause,
     Repeat,
 )
-from .._core.quorum import Tally
+from .._core.quorum import Outcome, Tally
+from .._engine.handshake import HandshakeError
 from .._engine.resp import command
 from .._engine.server import Server
-from .._engine.wire import full_call, is_noscript, script_call
+from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._sync.background import background
 from .connection import AsyncConnection
 
@@ -56,8 +58,15 @@ def _forget(task: asyncio.Future[Any]) -> None:
 
 
 def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
+    """The idle connections of ``server`` on ``loop`` (connections belong to one loop)."""
     entry = server.async_idle.get(id(loop))
     if entry is None or entry[0]() is not loop:
+        for key, (ref, conns) in list(server.async_idle.items()):
+            target = ref()
+            if target is None or target.is_closed():  # that loop is gone: so are its sockets
+                del server.async_idle[key]
+                for conn in conns:
+                    conn.close()
         entry = (weakref.ref(loop), [])
         server.async_idle[id(loop)] = entry
     pool: list[AsyncConnection] = entry[1]
@@ -75,8 +84,15 @@ def take(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
 
 
 def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) -> None:
-    if server.failed(f"{type(exc).__name__}: {exc}", timeout_s):
+    """A call failed: a server that timed out becomes suspect (a refusal costs nothing)."""
+    if isinstance(exc, TimeoutError) and server.failed(f"{type(exc).__name__}: {exc}", timeout_s):
         background().watch(server)
+
+
+def _identified(result: object) -> tuple[Outcome, object]:
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    return Outcome.GRANTED, result
 
 
 class _Call:
@@ -101,13 +117,24 @@ class _Round:
     async def call(self, call: _Call) -> object:
         effect = self.effect
         server = call.server
-        script, payload = script_call(server, effect.script, effect.keys, effect.args)
-        replies = await call.conn.request(payload, 1)
-        if is_noscript(replies[0]):
+        if not effect.script:  # a bare handshake (Identify)
+            script, payload = None, PING
+        else:
+            script, payload = script_call(server, effect.script, effect.keys, effect.args)
+        try:
+            replies = await call.conn.request(payload, 1)
+        except ConnectionError as exc:
+            # a reused connection may have been closed by a restarted server meanwhile
+            if call.conn.fresh or isinstance(exc, HandshakeError):
+                raise
+            call.conn.close()
+            call.conn = AsyncConnection(server.address)
+            replies = await call.conn.request(payload, 1)
+        if script is not None and is_noscript(replies[0]):
             server.loaded.discard(script.sha)
             if self.collecting or effect.land:
                 replies = await call.conn.request(full_call(script, effect.keys, effect.args), 1)
-        if not is_noscript(replies[0]):
+        if script is not None and not is_noscript(replies[0]):
             server.loaded.add(script.sha)
         server.learned(call.conn.identity)
         server.answered()
@@ -188,6 +215,9 @@ class AsyncDriver:
             return None, pending
         if effect is IDENTITIES:
             return tuple(server.identity for server in self.servers), pending
+        if isinstance(effect, Identify):
+            await self._identify(effect)
+            return tuple(server.identity for server in self.servers), pending
         raise TypeError(f"unknown effect {effect!r}")
 
     async def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
@@ -209,6 +239,20 @@ class AsyncDriver:
             self._park(round_)
             raise
         return tally, (round_ if round_.calls else None)
+
+    async def _identify(self, effect: Identify) -> None:
+        """A handshake (and a PING) with every server not identified yet and not suspect."""
+        targets = tuple(
+            index
+            for index, server in enumerate(self.servers)
+            if server.identity is None and not server.health.suspect
+        )
+        if not targets:
+            return
+        tally = Tally(len(self.servers))
+        probe = Broadcast("", targets, (), (), _identified, None, effect.budget_s, tally)
+        _, rest = await self._broadcast(probe)
+        self._park(rest)
 
     async def _collect(self, round_: _Round, *, settle: bool) -> None:
         effect = round_.effect

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backoff import retry_delay_s
-from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Flow, Pause
+from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Flow, Identify, Pause
 from .fencing import needs_commit
 from .plan import LockPlan
 from .quorum import Outcome, Tally
@@ -71,7 +71,15 @@ def patience_ms(deadline: float, now: float) -> int:
 def attempt(
     plan: LockPlan, token: str, info: str, *, woken: bool, waiter: str, patience: int
 ) -> Flow[Attempt]:
-    """One attempt to take the lock with ``token``; never raises for contention or outages."""
+    """One attempt to take the lock with ``token``; never raises for contention or outages.
+
+    Raises :class:`~fencelock.ConfigError` when the servers are not independent: judged before
+    any lock traffic for the servers already identified, after the round for the others.
+    """
+    if plan.n > 1:
+        problem = independence_problem((yield Identify(plan.budget_s)), plan.names)
+        if problem is not None:
+            raise problem
     start: float = yield NOW
     args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
     tally = Tally(plan.n)

@@ -15,6 +15,8 @@ a round, what a reply means) is carried by the effect itself, so one flow serves
 | ``Repeat``    | repeats a script in the background on servers that did not  | None                   |
 |               | answer, until one answer more than the first (or ``until``) |                        |
 | ``IDENTITIES``| reads each server's last known identity (no I/O)            | tuple of ``Identity``  |
+| ``IDENTIFY``  | connects (in parallel, within ``budget_s``) to the servers  | tuple of ``Identity``  |
+|               | whose identity is unknown and that are not suspect          | (None: still unknown)  |
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class _Marker:
 NOW = _Marker("NOW")
 SETTLE = _Marker("SETTLE")
 IDENTITIES = _Marker("IDENTITIES")
+
+
+@dataclass(frozen=True, slots=True)
+class Identify:
+    """Learn the identity of the servers not known yet (their connection handshake), so that
+    the independence of N servers is judged before any lock traffic. Costs nothing once every
+    server was seen, or for servers that are suspect."""
+
+    budget_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +100,7 @@ class Repeat:
     until_s: float
 
 
-Effect = _Marker | Broadcast | Pause | Repeat
+Effect = _Marker | Broadcast | Pause | Repeat | Identify
 
 
 class NotSent(ConnectionError):

@@ -35,6 +35,8 @@ GIVE_UP_S = 1.0
 PROBE_TIMEOUT_S = 1.0
 #: A late call is sent once more this long (s) after its first answer.
 LATE_AGAIN_S = 0.05
+#: Late calls that could not be sent (refused, reset) are tried again this long (s) later.
+LATE_RETRY_S = 0.1
 #: The loop looks at its timers at least this often (s).
 TICK_S = 0.05
 
@@ -46,6 +48,7 @@ class _Job:
         self.server = server
         self.conn = conn
         self.give_up_at = give_up_at
+        self.fd = -1  # registered under this descriptor (the connection forgets it when closed)
 
     def replied(self, replies: list[object]) -> bool:
         """Handle the replies; False when the job sent something more and keeps waiting."""
@@ -55,7 +58,8 @@ class _Job:
 
     def failed(self, exc: BaseException) -> None:
         self.conn.close()
-        self.server.failed(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, TimeoutError):  # a refusal costs nothing: only silence is suspect
+            self.server.failed(f"{type(exc).__name__}: {exc}")
 
 
 class _Straggler(_Job):
@@ -78,13 +82,13 @@ class _Straggler(_Job):
         self.land = land
 
     def replied(self, replies: list[object]) -> bool:
-        script = BY_NAME[self.script]
-        if is_noscript(replies[0]):
+        script = BY_NAME.get(self.script)  # None: a bare handshake
+        if script is not None and is_noscript(replies[0]):
             self.server.loaded.discard(script.sha)
             if self.land:
                 self.conn.start(full_call(script, self.keys, self.args), 1)
                 return False
-        else:
+        elif script is not None:
             self.server.loaded.add(script.sha)
         super().replied(replies)
         self.server.idle.append(self.conn)
@@ -128,6 +132,9 @@ class _LateBatch(_Job):
 
     def failed(self, exc: BaseException) -> None:
         super().failed(exc)
+        due = time.monotonic() + LATE_RETRY_S
+        for call in self.calls:
+            call.due = due
         self.server.late.extend(self.calls)
 
 
@@ -187,19 +194,20 @@ class Background:
 
     def _add(self, job: _Job) -> None:
         try:
-            self._selector.register(job.conn.fileno(), job.conn.events(), job)
-            self._jobs[job.conn.fileno()] = job
+            job.fd = job.conn.fileno()
+            self._selector.register(job.fd, job.conn.events(), job)
+            self._jobs[job.fd] = job
         except (OSError, ValueError) as exc:
             job.failed(exc)
             self._busy.discard(job.server)
 
     def _drop(self, job: _Job) -> None:
-        fd = job.conn.fileno()
-        self._jobs.pop(fd, None)
-        try:
-            self._selector.unregister(fd)
-        except (KeyError, ValueError, OSError):
-            pass
+        if self._jobs.get(job.fd) is job:
+            del self._jobs[job.fd]
+            try:
+                self._selector.unregister(job.fd)
+            except (KeyError, ValueError, OSError):
+                pass
         self._busy.discard(job.server)
 
     def _run(self) -> None:
@@ -242,12 +250,12 @@ class Background:
             job.failed(exc)
             return
         if replies is None:
-            self._selector.modify(job.conn.fileno(), job.conn.events(), job)
+            self._selector.modify(job.fd, job.conn.events(), job)
             return
         if job.replied(replies):
             self._drop(job)
         else:
-            self._selector.modify(job.conn.fileno(), job.conn.events(), job)
+            self._selector.modify(job.fd, job.conn.events(), job)
 
     def _tend(self, server: Server, now: float) -> None:
         """Probe a suspect server when due; send a healthy server's due late calls."""

@@ -22,15 +22,17 @@ from .._core.effects import (
     Broadcast,
     Effect,
     Flow,
+    Identify,
     NotSent,
     Pause,
     Repeat,
 )
-from .._core.quorum import Tally
+from .._core.quorum import Outcome, Tally
 from .._engine.registry import on_fork
+from .._engine.handshake import HandshakeError
 from .._engine.resp import command
 from .._engine.server import Server
-from .._engine.wire import full_call, is_noscript, script_call
+from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -57,13 +59,34 @@ def take(server: Server) -> Connection:
 
 
 class _Call:
-    __slots__ = ("conn", "index", "script", "server")
+    __slots__ = ("conn", "index", "payload", "retried", "script", "server")
 
-    def __init__(self, index: int, server: Server, conn: Connection, script: Script) -> None:
+    def __init__(
+        self, index: int, server: Server, conn: Connection, script: Script | None, payload: bytes
+    ) -> None:
         self.index = index
         self.server = server
         self.conn = conn
-        self.script = script
+        self.script = script  # None for a bare handshake (Identify)
+        self.payload = payload
+        # a connection used before may have been closed by a restarted server meanwhile:
+        # such a call is tried once more on a new connection
+        self.retried = conn.fresh
+
+
+def retry_on_new_connection(call: _Call, exc: BaseException) -> bool:
+    """True when ``exc`` says the (reused) connection was dead before the server read it."""
+    return (
+        not call.retried
+        and isinstance(exc, ConnectionError)
+        and not isinstance(exc, HandshakeError)
+    )
+
+
+def _identified(result: object) -> tuple[Outcome, object]:
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    return Outcome.GRANTED, result
 
 
 class _Round:
@@ -146,6 +169,9 @@ class Driver:
             return None, pending
         if effect is IDENTITIES:
             return tuple(server.identity for server in self.servers), pending
+        if isinstance(effect, Identify):
+            self._identify(effect)
+            return tuple(server.identity for server in self.servers), pending
         raise TypeError(f"unknown effect {effect!r}")
 
     # -- rounds -------------------------------------------------------------------------------
@@ -153,29 +179,59 @@ class Driver:
     def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
-        selector = _selector()
         try:
             for index in effect.targets:
                 server = self.servers[index]
                 if server.health.suspect:
-                    tally.record(index, *effect.classify(NotSent(f"suspect: {server.health.reason}")))
+                    reason = NotSent(f"suspect: {server.health.reason}")
+                    tally.record(index, *effect.classify(reason))
                     continue
-                conn = take(server)
                 script, payload = script_call(server, effect.script, effect.keys, effect.args)
-                try:
-                    conn.start(payload, 1)
-                    selector.register(conn.fileno(), conn.events(), None)
-                except Exception as exc:
-                    conn.close()
-                    self._failed(server, exc)
-                    tally.record(index, *effect.classify(exc))
-                    continue
-                round_.calls[conn.fileno()] = _Call(index, server, conn, script)
+                self._start(round_, _Call(index, server, take(server), script, payload))
             self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
             raise
         return tally, (round_ if round_.calls else None)
+
+    def _identify(self, effect: Identify) -> None:
+        """A handshake (and a PING) with every server not identified yet and not suspect."""
+        targets = tuple(
+            index
+            for index, server in enumerate(self.servers)
+            if server.identity is None and not server.health.suspect
+        )
+        if not targets:
+            return
+        tally = Tally(len(self.servers))
+        probe = Broadcast("", targets, (), (), _identified, None, effect.budget_s, tally)
+        round_ = _Round(probe, time.monotonic() + effect.budget_s)
+        try:
+            for index in targets:
+                server = self.servers[index]
+                self._start(round_, _Call(index, server, take(server), None, PING))
+            self._collect(round_, settle=True)
+        finally:
+            self._park(round_)
+
+    def _start(self, round_: _Round, call: _Call) -> None:
+        """Send ``call`` (connecting if need be) and watch its connection."""
+        conn = call.conn
+        try:
+            conn.start(call.payload, 1)
+            fd = conn.fileno()
+            _selector().register(fd, conn.events(), None)
+        except Exception as exc:
+            conn.close()
+            if retry_on_new_connection(call, exc):
+                call.retried = True
+                call.conn = Connection(call.server.address)
+                self._start(round_, call)
+                return
+            self._failed(call.server, exc)
+            round_.effect.tally.record(call.index, *round_.effect.classify(exc))
+            return
+        round_.calls[fd] = call
 
     def _collect(self, round_: _Round, *, settle: bool) -> None:
         """Read replies until the round may stop (``settle``: until every call answered) or
@@ -200,8 +256,7 @@ class Driver:
                 selector.unregister(fd)
                 call.conn.close()
                 exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
-                if self._failed(call.server, exc):
-                    pass
+                self._failed(call.server, exc)
                 tally.record(call.index, *effect.classify(exc))
 
     def _advance(self, round_: _Round, call: _Call, selector: selectors.BaseSelector) -> None:
@@ -214,20 +269,30 @@ class Driver:
             del round_.calls[fd]
             selector.unregister(fd)
             conn.close()
+            if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
+                call.retried = True
+                call.conn = Connection(call.server.address)
+                self._start(round_, call)
+                return
             self._failed(call.server, exc)
             effect.tally.record(call.index, *effect.classify(exc))
             return
         if replies is None:
             selector.modify(fd, conn.events(), None)
             return
+        call.retried = True  # it answered: a later failure is not a stale connection's
         server = call.server
         reply = replies[0]
-        if is_noscript(reply):  # flushed or restarted: run it in full on the same connection
-            server.loaded.discard(call.script.sha)
-            conn.start(full_call(call.script, effect.keys, effect.args), 1)
+        script = call.script
+        if script is not None and is_noscript(reply):
+            # flushed or restarted: run it in full on the same connection
+            server.loaded.discard(script.sha)
+            call.payload = full_call(script, effect.keys, effect.args)
+            conn.start(call.payload, 1)
             selector.modify(fd, conn.events(), None)
             return
-        server.loaded.add(call.script.sha)
+        if script is not None:
+            server.loaded.add(script.sha)
         server.learned(conn.identity)
         server.answered()
         del round_.calls[fd]
@@ -255,11 +320,13 @@ class Driver:
                 land=effect.land,
             )
 
-    def _failed(self, server: Server, exc: BaseException) -> bool:
-        if server.failed(f"{type(exc).__name__}: {exc}", self.timeout_s):
+    def _failed(self, server: Server, exc: BaseException) -> None:
+        """A call failed: a server that timed out becomes suspect (a refusal costs nothing,
+        so a refusing server is simply asked again next time)."""
+        if isinstance(exc, TimeoutError) and server.failed(
+            f"{type(exc).__name__}: {exc}", self.timeout_s
+        ):
             background().watch(server)
-            return True
-        return False
 
     # -- waiting ------------------------------------------------------------------------------
 
