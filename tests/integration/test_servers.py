@@ -12,15 +12,20 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from fencelock.servers import (
     ENV_SERVER_BIN,
+    BlackHole,
     Server,
     ServerError,
     ServerGroup,
+    delayed_proxy,
     engine_of,
     find_server_binary,
     free_port,
+    refused_url,
 )
 
 
@@ -257,3 +262,73 @@ def test_atexit_stops_leaked_server(fencelock_server_binary: str) -> None:
     pid_text, directory = out.stdout.split()
     assert _pid_gone(int(pid_text))
     assert not Path(directory).exists()
+
+
+# -- fault helpers ---------------------------------------------------------------------------
+
+
+def _port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def test_a_connect_to_a_black_hole_times_out_instead_of_connecting_or_being_refused() -> None:
+    with BlackHole() as hole:
+        assert hole.url == f"redis://127.0.0.1:{hole.port}/0"
+        for _ in range(3):  # every later SYN is dropped, not just the first
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                socket.create_connection(("127.0.0.1", hole.port), timeout=0.3).close()
+            elapsed = time.monotonic() - started
+            assert 0.25 <= elapsed < 1.0, elapsed
+
+
+def test_a_redis_client_against_a_black_hole_waits_for_its_connect_timeout() -> None:
+    with BlackHole() as hole:
+        client = redis.Redis.from_url(
+            hole.url, socket_connect_timeout=0.3, retry=Retry(NoBackoff(), 0)
+        )
+        started = time.monotonic()
+        with pytest.raises((redis.TimeoutError, redis.ConnectionError)):
+            client.ping()
+        elapsed = time.monotonic() - started
+        client.close()
+    assert 0.25 <= elapsed < 1.0, elapsed  # neither refused at once nor hanging past the timeout
+
+
+def test_a_closed_black_hole_refuses_connections() -> None:
+    hole = BlackHole()
+    port = hole.port
+    hole.close()
+    hole.close()  # idempotent
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+
+
+def test_a_refused_url_refuses_connects_at_once() -> None:
+    url = refused_url()
+    assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+    started = time.monotonic()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", _port_of(url)), timeout=1.0).close()
+    assert time.monotonic() - started < 0.2
+
+
+def test_a_delayed_proxy_slows_every_round_trip_by_the_delay(fencelock_server: Server) -> None:
+    with delayed_proxy(fencelock_server, 0.2) as proxy:
+        client = redis.Redis.from_url(proxy.url, socket_timeout=5.0, retry=Retry(NoBackoff(), 0))
+        client.ping()  # connection handshake (itself delayed)
+        started = time.monotonic()
+        assert client.ping() is True
+        slow = time.monotonic() - started
+        proxy.pass_through()
+        started = time.monotonic()
+        assert client.ping() is True
+        healed = time.monotonic() - started
+        client.close()
+    assert 0.19 <= slow < 0.7, slow
+    assert healed < 0.1, healed
+
+
+def test_a_delayed_proxy_rejects_a_negative_delay(fencelock_server: Server) -> None:
+    with pytest.raises(ValueError):
+        delayed_proxy(fencelock_server, -1.0)
