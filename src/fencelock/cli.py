@@ -43,7 +43,7 @@ from ._core.keys import LockKeys, lock_keys
 from ._scripts import RELEASE
 from ._servers_spec import describe
 from ._sync.node import Node
-from .options import check_key, check_url, seconds
+from .options import DEFAULT_WAIT, check_key, check_url, seconds
 
 log = logging.getLogger("fencelock.cli")
 
@@ -68,6 +68,9 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 
 #: Seconds ``fencelock run`` waits between looks at the child, the lost event and signals.
 POLL_INTERVAL = 0.05
+#: Longest single ``acquire`` call of ``fencelock run``: a signal while waiting is acted on
+#: within about this long (the wait itself is ``--wait``, made of such calls).
+ACQUIRE_SLICE = 0.25
 #: Seconds between SIGTERM and SIGKILL after a loss, unless ``--grace`` says otherwise.
 DEFAULT_GRACE = 5.0
 #: Per-server timeout (seconds) of the plain commands of ``status`` and ``release``.
@@ -189,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Acquire the lock, run CMD holding it (renewed in the background), release "
         "it when CMD ends. CMD gets FENCELOCK_FENCE, FENCELOCK_TOKEN and FENCELOCK_KEY. If the "
         "lease is lost, CMD gets SIGTERM, then SIGKILL after --grace seconds, and the exit "
-        "status is 72.",
+        "status is 72. SIGINT and SIGTERM are forwarded to CMD; one that arrives before CMD "
+        "started releases the lock and exits 128 + the signal number.",
         usage="%(prog)s --key K [options] -- CMD [ARGS...]",
     )
     run.add_argument("--key", required=True, help="the lock name")
@@ -376,26 +380,23 @@ def _setup_logging(verbose: int) -> None:
 # -- run ------------------------------------------------------------------------------------------
 
 
-class _Interrupted(BaseException):
-    """A SIGINT/SIGTERM arrived while no child was running yet (a BaseException, like
-    KeyboardInterrupt, so the library's ``except Exception`` blocks let it through)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 @dataclass
 class _RunState:
-    """What the signal handler shares with the supervising loop (both on the main thread)."""
+    """SIGINT/SIGTERM seen by ``fencelock run``: the handler only queues them, and the code
+    that polls acts on them (before the command: release and exit 128 + N; while it runs:
+    forward them to it). The handler never raises, so no library call is ever cut short:
+    an acquire interrupted on its way back with a grant would leave the lock held to its ttl.
+    """
 
-    forwarding: bool = False  # False: raise _Interrupted; True: queue the signal for the child
     pending: list[int] = field(default_factory=list)
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
-        if not self.forwarding:
-            raise _Interrupted(signum)
         self.pending.append(signum)
+
+    def interrupted(self, prog: str) -> int:
+        sig = self.pending[0]
+        _say(prog, f"interrupted by {signal.Signals(sig).name} before the command started")
+        return 128 + sig
 
 
 def _child_exit_code(returncode: int) -> int:
@@ -412,33 +413,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
     lock = Lock(servers, args.key, **lock_kwargs)  # ConfigError (64) before any I/O
     state = _RunState()
     watched = (signal.SIGINT, signal.SIGTERM)
+    # installed before the acquire: from here on a signal is queued, never lost or raised
     previous = {sig: signal.signal(sig, state.handler) for sig in watched}
     try:
         return _run_locked(prog, lock, args, state)
-    except _Interrupted as exc:
-        name = signal.Signals(exc.signum).name
-        _say(prog, f"interrupted by {name} before the command started")
-        return 128 + exc.signum
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
         lock.close()
 
 
+def _acquire(lock: Lock, wait: float, state: _RunState) -> Lease | None:
+    """Acquire within ``wait`` seconds, in calls of at most :data:`ACQUIRE_SLICE` seconds so
+    that a queued signal is seen between them: ``None`` when one came before a grant.
+
+    Raises the last call's :class:`NotAcquired` or :class:`Unavailable` at the deadline.
+    """
+    deadline = time.monotonic() + wait
+    while not state.pending:
+        remaining = deadline - time.monotonic()
+        try:
+            return lock.acquire(min(max(remaining, 0.0), ACQUIRE_SLICE))
+        except (NotAcquired, Unavailable):
+            if time.monotonic() >= deadline:
+                raise
+    return None
+
+
 def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunState) -> int:
-    wait = 0.0 if args.nonblock else args.wait
+    wait = 0.0 if args.nonblock else DEFAULT_WAIT if args.wait is None else args.wait
     try:
-        lease = lock.acquire() if wait is None else lock.acquire(wait)
+        lease = _acquire(lock, wait, state)
     except NotAcquired as exc:
+        if state.pending:
+            return state.interrupted(prog)
         _say(prog, f"not acquired: {exc}")
         return int(args.conflict_exit_code)
-    state.forwarding = True  # from here on, signals are queued for the child, never raised
+    except Unavailable:
+        if state.pending:
+            return state.interrupted(prog)
+        raise
+    if lease is None:
+        return state.interrupted(prog)
     log.info("acquired %r fence=%d token=%s…", lock.key, lease.fence, lease.token[:8])
-    if state.pending:
+    if state.pending:  # came with the grant: give the lock back at once
         _release(prog, lease)
-        sig = state.pending[0]
-        _say(prog, f"interrupted by {signal.Signals(sig).name} before the command started")
-        return 128 + sig
+        return state.interrupted(prog)
     env = dict(os.environ)
     env.update(
         FENCELOCK_FENCE=str(lease.fence), FENCELOCK_TOKEN=lease.token, FENCELOCK_KEY=lock.key
@@ -449,6 +469,7 @@ def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunStat
         _release(prog, lease)
         _say(prog, f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
         return 126 if isinstance(exc, PermissionError) else 127
+    # signals queued from here on are the child's: _supervise forwards them
     lost = threading.Event()
     lease.on_lost(lambda _lease: lost.set())
     try:
