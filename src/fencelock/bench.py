@@ -38,7 +38,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from ._core.keys import lock_keys
+from ._core.keys import keys_glob, lock_keys
 
 QUICK_ENV = "FENCELOCK_BENCH_QUICK"
 
@@ -541,7 +541,7 @@ def _persistent_garbage(url: str, prefix: str) -> list[str]:
     admin = _admin(url)
     try:
         found = []
-        pattern = "fencelock:{" + prefix + "*"
+        pattern = keys_glob(prefix)
         for raw_key in admin.scan_iter(match=pattern, count=1000):
             key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
             if key.endswith(":fence"):
@@ -558,7 +558,7 @@ def _cleanup(urls: Sequence[str], prefix: str) -> None:
     for url in urls:
         admin = _admin(url)
         try:
-            for pattern in ("fencelock:{" + prefix + "*", prefix + "*"):
+            for pattern in (keys_glob(prefix), prefix + "*"):
                 batch = list(admin.scan_iter(match=pattern, count=1000))
                 if batch:
                     admin.delete(*batch)

@@ -29,21 +29,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, NoReturn
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from . import ConfigError, FencelockError, Lease, Lock, LockLost, NotAcquired, Unavailable
-from ._core.keys import LockKeys, lock_keys
-from ._scripts import RELEASE
-from ._servers_spec import describe
-from ._sync.node import Node
-from .options import check_key, check_url, seconds
+from . import ConfigError, FencelockError, Lease, Lock, LockLost, NotAcquired, Unavailable, admin
+from .options import DEFAULT_WAIT, check_key, check_url, seconds
 
 log = logging.getLogger("fencelock.cli")
 
@@ -68,14 +59,13 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 
 #: Seconds ``fencelock run`` waits between looks at the child, the lost event and signals.
 POLL_INTERVAL = 0.05
+#: Longest single ``acquire`` call of ``fencelock run``: a signal while waiting is acted on
+#: within about this long (the wait itself is ``--wait``, made of such calls).
+ACQUIRE_SLICE = 0.25
 #: Seconds between SIGTERM and SIGKILL after a loss, unless ``--grace`` says otherwise.
 DEFAULT_GRACE = 5.0
 #: Per-server timeout (seconds) of the plain commands of ``status`` and ``release``.
-ADMIN_TIMEOUT = 1.0
-#: Release arguments: hand-off window and wake-signal lifetime in ms (the library defaults).
-RELEASE_TAIL = (50, 5000)
-#: ``release --force`` retries this many times when the lock changes hands under it.
-FORCE_ATTEMPTS = 3
+ADMIN_TIMEOUT = admin.DEFAULT_TIMEOUT
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -189,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Acquire the lock, run CMD holding it (renewed in the background), release "
         "it when CMD ends. CMD gets FENCELOCK_FENCE, FENCELOCK_TOKEN and FENCELOCK_KEY. If the "
         "lease is lost, CMD gets SIGTERM, then SIGKILL after --grace seconds, and the exit "
-        "status is 72.",
+        "status is 72. SIGINT and SIGTERM are forwarded to CMD; one that arrives before CMD "
+        "started releases the lock and exits 128 + the signal number.",
         usage="%(prog)s --key K [options] -- CMD [ARGS...]",
     )
     run.add_argument("--key", required=True, help="the lock name")
@@ -376,26 +367,23 @@ def _setup_logging(verbose: int) -> None:
 # -- run ------------------------------------------------------------------------------------------
 
 
-class _Interrupted(BaseException):
-    """A SIGINT/SIGTERM arrived while no child was running yet (a BaseException, like
-    KeyboardInterrupt, so the library's ``except Exception`` blocks let it through)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 @dataclass
 class _RunState:
-    """What the signal handler shares with the supervising loop (both on the main thread)."""
+    """SIGINT/SIGTERM seen by ``fencelock run``: the handler only queues them, and the code
+    that polls acts on them (before the command: release and exit 128 + N; while it runs:
+    forward them to it). The handler never raises, so no library call is ever cut short:
+    an acquire interrupted on its way back with a grant would leave the lock held to its ttl.
+    """
 
-    forwarding: bool = False  # False: raise _Interrupted; True: queue the signal for the child
     pending: list[int] = field(default_factory=list)
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
-        if not self.forwarding:
-            raise _Interrupted(signum)
         self.pending.append(signum)
+
+    def interrupted(self, prog: str) -> int:
+        sig = self.pending[0]
+        _say(prog, f"interrupted by {signal.Signals(sig).name} before the command started")
+        return 128 + sig
 
 
 def _child_exit_code(returncode: int) -> int:
@@ -412,33 +400,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
     lock = Lock(servers, args.key, **lock_kwargs)  # ConfigError (64) before any I/O
     state = _RunState()
     watched = (signal.SIGINT, signal.SIGTERM)
+    # installed before the acquire: from here on a signal is queued, never lost or raised
     previous = {sig: signal.signal(sig, state.handler) for sig in watched}
     try:
         return _run_locked(prog, lock, args, state)
-    except _Interrupted as exc:
-        name = signal.Signals(exc.signum).name
-        _say(prog, f"interrupted by {name} before the command started")
-        return 128 + exc.signum
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
         lock.close()
 
 
+def _acquire(lock: Lock, wait: float, state: _RunState) -> Lease | None:
+    """Acquire within ``wait`` seconds, in calls of at most :data:`ACQUIRE_SLICE` seconds so
+    that a queued signal is seen between them: ``None`` when one came before a grant.
+
+    Raises the last call's :class:`NotAcquired` or :class:`Unavailable` at the deadline.
+    """
+    deadline = time.monotonic() + wait
+    while not state.pending:
+        remaining = deadline - time.monotonic()
+        try:
+            return lock.acquire(min(max(remaining, 0.0), ACQUIRE_SLICE))
+        except (NotAcquired, Unavailable):
+            if time.monotonic() >= deadline:
+                raise
+    return None
+
+
 def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunState) -> int:
-    wait = 0.0 if args.nonblock else args.wait
+    wait = 0.0 if args.nonblock else DEFAULT_WAIT if args.wait is None else args.wait
     try:
-        lease = lock.acquire() if wait is None else lock.acquire(wait)
+        lease = _acquire(lock, wait, state)
     except NotAcquired as exc:
+        if state.pending:
+            return state.interrupted(prog)
         _say(prog, f"not acquired: {exc}")
         return int(args.conflict_exit_code)
-    state.forwarding = True  # from here on, signals are queued for the child, never raised
+    except Unavailable:
+        if state.pending:
+            return state.interrupted(prog)
+        raise
+    if lease is None:
+        return state.interrupted(prog)
     log.info("acquired %r fence=%d token=%s…", lock.key, lease.fence, lease.token[:8])
-    if state.pending:
+    if state.pending:  # came with the grant: give the lock back at once
         _release(prog, lease)
-        sig = state.pending[0]
-        _say(prog, f"interrupted by {signal.Signals(sig).name} before the command started")
-        return 128 + sig
+        return state.interrupted(prog)
     env = dict(os.environ)
     env.update(
         FENCELOCK_FENCE=str(lease.fence), FENCELOCK_TOKEN=lease.token, FENCELOCK_KEY=lock.key
@@ -449,6 +456,7 @@ def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunStat
         _release(prog, lease)
         _say(prog, f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
         return 126 if isinstance(exc, PermissionError) else 127
+    # signals queued from here on are the child's: _supervise forwards them
     lost = threading.Event()
     lease.on_lost(lambda _lease: lost.set())
     try:
@@ -523,84 +531,9 @@ def _release(prog: str, lease: Lease) -> bool:
 # -- status ---------------------------------------------------------------------------------------
 
 
-def _admin_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=ADMIN_TIMEOUT,
-        socket_connect_timeout=ADMIN_TIMEOUT,
-        retry=Retry(NoBackoff(), 0),
-        retry_on_timeout=False,
-        decode_responses=True,
-    )
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _probe(url: str, keys: LockKeys) -> dict[str, Any]:
-    """One server's view of the lock (plain reads with a short timeout; never raises)."""
-    client = _admin_client(url)
-    name = describe(client.connection_pool.connection_kwargs)
-    row: dict[str, Any] = {
-        "server": name,
-        "held": False,
-        "token_prefix": None,
-        "ttl_s": None,
-        "holder": None,
-        "fence": None,
-        "error": None,
-    }
-    try:
-        pipe = client.pipeline(transaction=False)
-        pipe.get(keys.lock)
-        pipe.pttl(keys.lock)
-        pipe.get(keys.holder)
-        pipe.get(keys.fence)
-        token, pttl, holder, fence = pipe.execute()
-    except Exception as exc:
-        row["error"] = _one_line(f"{type(exc).__name__}: {exc}")
-        return row
-    finally:
-        client.close()
-    token_text = _text(token)
-    if token_text is not None:
-        row["held"] = True
-        row["token_prefix"] = token_text[:8]
-        if isinstance(pttl, int) and pttl >= 0:
-            row["ttl_s"] = pttl / 1000
-    holder_text = _text(holder)
-    if holder_text:
-        try:
-            parsed = json.loads(holder_text)
-        except ValueError:
-            parsed = None
-        row["holder"] = parsed if isinstance(parsed, dict) else {"raw": holder_text}
-    fence_text = _text(fence)
-    if fence_text is not None:
-        try:
-            row["fence"] = int(fence_text)
-        except ValueError:
-            row["error"] = f"fence register is not an integer: {fence_text[:40]!r}"
-    return row
-
-
-def _probe_all(servers: Sequence[str], keys: LockKeys) -> list[dict[str, Any]]:
-    if len(servers) == 1:
-        return [_probe(servers[0], keys)]
-    with ThreadPoolExecutor(max_workers=min(16, len(servers))) as pool:
-        return list(pool.map(lambda url: _probe(url, keys), servers))
-
-
-def status_report(key: str, servers: Sequence[str]) -> dict[str, Any]:
-    """The ``status --json`` object for ``key`` on ``servers``."""
-    rows = _probe_all(servers, lock_keys(check_key(key)))
-    fences = [row["fence"] for row in rows if row["fence"] is not None]
-    return {"key": key, "servers": rows, "fence": max(fences) if fences else None}
+def status_report(key: str, servers: Sequence[str]) -> admin.Status:
+    """The ``status --json`` object for ``key`` on ``servers`` (:func:`fencelock.admin.status`)."""
+    return admin.status(servers, key, timeout=ADMIN_TIMEOUT)
 
 
 def _describe_holder(holder: dict[str, Any]) -> str:
@@ -621,7 +554,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     key = check_key(args.key)
     servers = resolve_servers(args.servers, [DEFAULT_SERVER])
     report = status_report(key, servers)
-    rows: list[dict[str, Any]] = report["servers"]
+    rows = report["servers"]
     answered = [row for row in rows if row["error"] is None or row["held"]]
     if args.json:
         print(json.dumps(report, sort_keys=False))
@@ -653,99 +586,55 @@ def _cmd_status(args: argparse.Namespace) -> int:
 # -- release --------------------------------------------------------------------------------------
 
 
-def _release_keys(keys: LockKeys) -> tuple[str, str, str, str, str]:
-    return (keys.lock, keys.holder, keys.waiters, keys.wake, keys.handoff)
-
-
-def _release_by_token(node: Node, keys: LockKeys, token: str) -> str:
-    """'released', 'not-held' or 'error: ...' for one server."""
-    try:
-        result = node.run(RELEASE, _release_keys(keys), (token, *RELEASE_TAIL))
-    except Exception as exc:
-        return f"error: {_one_line(f'{type(exc).__name__}: {exc}')}"
-    return "released" if result == 1 else "not-held"
-
-
-def _force_one(node: Node, keys: LockKeys) -> tuple[str, str | None, str | None]:
-    """Delete whatever holds the lock on one server: (outcome, token prefix, holder JSON).
-
-    Reads the current token and compare-and-deletes exactly that token (so what is printed is
-    what was deleted, and waiters are woken as by a normal release); retried a few times if
-    the lock changes hands in between. Outcome: 'deleted', 'free', 'busy' or 'error: ...'.
-    """
-    try:
-        for _ in range(FORCE_ATTEMPTS):
-            token, holder = node.client.mget([keys.lock, keys.holder])
-            token_text, holder_text = _text(token), _text(holder)
-            if token_text is None:
-                node.client.delete(keys.holder)
-                return "free", None, None
-            result = node.run(RELEASE, _release_keys(keys), (token_text, *RELEASE_TAIL))
-            if result == 1:
-                return "deleted", token_text[:8], holder_text
-        return "busy", None, None
-    except Exception as exc:
-        return f"error: {_one_line(f'{type(exc).__name__}: {exc}')}", None, None
-
-
 def _cmd_release(args: argparse.Namespace) -> int:
     prog = f"{PROG} release"
     key = check_key(args.key)
     if args.token is not None and not args.token.strip():
         raise ConfigError("--token must not be empty")
     servers = resolve_servers(args.servers, [DEFAULT_SERVER])
-    keys = lock_keys(key)
-    nodes = [Node(url, ADMIN_TIMEOUT) for url in servers]
-    majority = len(nodes) // 2 + 1
-    try:
-        if args.force:
-            return _force(prog, key, nodes, keys, majority)
-        outcomes = [_release_by_token(node, keys, args.token) for node in nodes]
-    finally:
-        for node in nodes:
-            node.close()
-    released = outcomes.count("released")
-    errors = sum(1 for outcome in outcomes if outcome.startswith("error"))
-    for node, outcome in zip(nodes, outcomes, strict=True):
-        _say(prog, f"{node.name}: {outcome}")
-    summary = f"{key!r}: released on {released}/{len(nodes)} servers, majority is {majority}"
-    if released >= majority:
+    if args.force:
+        return _force(prog, key, admin.force_release(servers, key, timeout=ADMIN_TIMEOUT))
+    result = admin.release(servers, key, args.token, timeout=ADMIN_TIMEOUT)
+    for one in result.servers:
+        _say(prog, f"{one.server}: {one.outcome}")
+    n, majority = len(result.servers), result.majority
+    summary = f"{key!r}: released on {result.freed}/{n} servers, majority is {majority}"
+    if result.ok:
         _say(prog, summary)
         return EX_OK
-    if released + errors >= majority:
+    if result.freed + result.failed >= majority:
         _say(prog, f"{summary}; too few servers answered to be sure")
         return EX_UNAVAILABLE
     _say(prog, f"{summary}: not held by token {args.token[:8]}…")
     return EX_LOST
 
 
-def _force(prog: str, key: str, nodes: Sequence[Node], keys: LockKeys, majority: int) -> int:
-    done = 0
-    for node in nodes:
-        outcome, prefix, holder = _force_one(node, keys)
-        if outcome == "deleted":
-            done += 1
-            who = f" (holder {holder})" if holder else ""
+def _force(prog: str, key: str, result: admin.ReleaseResult) -> int:
+    for one in result.servers:
+        if one.outcome == "deleted":
+            who = f" (holder {one.holder})" if one.holder else ""
             _say(
                 prog,
-                f"WARNING: FORCED: deleted lock {key!r} held by token {prefix}… "
-                f"on {node.name}{who}",
+                f"WARNING: FORCED: deleted lock {key!r} held by token {one.token_prefix}… "
+                f"on {one.server}{who}",
             )
-        elif outcome == "free":
-            done += 1
-            _say(prog, f"{node.name}: lock {key!r} was not held; nothing deleted")
-        elif outcome == "busy":
-            _say(prog, f"{node.name}: lock {key!r} kept changing hands; NOT deleted")
+        elif one.outcome == "free":
+            _say(prog, f"{one.server}: lock {key!r} was not held; nothing deleted")
+        elif one.outcome == "busy":
+            _say(prog, f"{one.server}: lock {key!r} kept changing hands; NOT deleted")
         else:
-            _say(prog, f"{node.name}: {outcome}; NOT deleted")
-    if done >= majority:
+            _say(prog, f"{one.server}: {one.outcome}; NOT deleted")
+    n = len(result.servers)
+    if result.ok:
         _say(
             prog,
-            f"WARNING: lock {key!r} is free on {done}/{len(nodes)} servers. A holder that is still "
+            f"WARNING: lock {key!r} is free on {result.freed}/{n} servers. A holder that is still "
             "running does not know yet: only fencing protects the resource from its writes.",
         )
         return EX_OK
-    _say(prog, f"lock {key!r} freed on only {done}/{len(nodes)} servers (majority {majority})")
+    _say(
+        prog, f"lock {key!r} freed on only {result.freed}/{n} servers (majority {result.majority})"
+    )
     return EX_UNAVAILABLE
 
 

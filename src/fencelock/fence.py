@@ -11,7 +11,7 @@ check for the storage people use:
   and ``fence``; every check-and-write is a single Lua script, so it is atomic.
 - :func:`fence_column`, :func:`fenced_update`, :func:`execute_fenced`: SQL on SQLAlchemy Core 2
   (the ``sql`` extra; SQLAlchemy is imported only when these are called). The fenced UPDATE is
-  ``UPDATE t SET <values>, fence = :f WHERE <where> AND fence <= :f``.
+  ``UPDATE t SET <values>, fence = :f WHERE <where> AND (fence IS NULL OR fence <= :f)``.
 
 Rules shared by every guard:
 
@@ -21,7 +21,8 @@ Rules shared by every guard:
 - A fence is a Python ``int`` (not ``bool``) in ``0 .. 2**63 - 1`` (it fits a SQL BIGINT);
   resources are non-empty strings. Bad input raises :class:`~fencelock.ConfigError` before any
   I/O.
-- A resource never written has fence 0.
+- A resource never written has fence 0; in SQL a NULL fence (a column added to rows that
+  existed before) also means "no fence yet": every fence is accepted and the write sets it.
 """
 
 from __future__ import annotations
@@ -519,7 +520,8 @@ def fenced_update(
     values: Mapping[Any, Any],
     fence_column: str = "fence",
 ) -> Update:
-    """``UPDATE table SET <values>, fence = :f WHERE <where> AND fence <= :f`` (not executed).
+    """``UPDATE table SET <values>, fence = :f WHERE <where> AND (fence IS NULL OR fence <= :f)``
+    (not executed). A NULL fence is "no fence yet", lower than every fence.
 
     ``where`` (at least one condition) names the guarded row(s); ``values`` maps column names or
     columns to new values. Run it and check the row count yourself, or use
@@ -531,7 +533,9 @@ def fenced_update(
     new = dict(values)
     new[column.key] = sa.bindparam("fencelock_new_fence", fence, type_=sa.BigInteger())
     limit = sa.bindparam("fencelock_max_fence", fence, type_=sa.BigInteger())
-    update: Update = table.update().where(*where, column <= limit).values(new)
+    # NULL <= :f is NULL (not true): without IS NULL a row never fenced could never be written
+    unfenced_or_older = sa.or_(column.is_(None), column <= limit)
+    update: Update = table.update().where(*where, unfenced_or_older).values(new)
     return update
 
 
@@ -563,6 +567,7 @@ def execute_fenced(
     Runs inside the caller's transaction and does not commit (use ``engine.begin()``). When no
     row qualified it looks again, in the same transaction, to say why:
 
+    - a row whose fence is NULL counts as not fenced yet: it is updated and gets ``fence``;
     - rows match ``where`` but carry a newer fence: raises :class:`~fencelock.StaleFence` with
       ``resource = "<table> WHERE <condition>"``, ``offered = fence`` and ``current`` = the
       highest fence among those rows;

@@ -102,7 +102,7 @@ def insert(engine: Any, table: Any, row_id: int, value: str, fence: int | None =
         conn.execute(table.insert().values(**row))
 
 
-def row(engine: Any, table: Any, row_id: int) -> tuple[str, int] | None:
+def row(engine: Any, table: Any, row_id: int) -> tuple[str, int | None] | None:
     with engine.connect() as conn:
         found = conn.execute(
             sa.select(table.c.value, table.c.fence).where(table.c.id == row_id)
@@ -194,6 +194,79 @@ def test_rows_with_a_newer_fence_are_left_alone(engine: Any, table: Any) -> None
         )
     assert row(engine, table, 1) == ("z", BASE + 5)
     assert row(engine, table, 2) == ("b", BASE + 10)
+
+
+@pytest.fixture
+def nullable_table(engine: Any) -> Iterator[Any]:
+    """A table whose fence column allows NULL, as ``ALTER TABLE t ADD COLUMN fence BIGINT``
+    leaves the rows that existed before (a fresh table per test, dropped afterwards)."""
+    metadata = sa.MetaData()
+    t = sa.Table(
+        f"fence_null_{uuid.uuid4().hex[:12]}",
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("value", sa.String(200), nullable=False),
+        sa.Column("fence", sa.BigInteger(), nullable=True),
+    )
+    metadata.create_all(engine)
+    try:
+        yield t
+    finally:
+        metadata.drop_all(engine)
+
+
+def test_a_null_fence_counts_as_no_fence_yet_and_the_first_write_sets_it(
+    engine: Any, nullable_table: Any
+) -> None:
+    t = nullable_table
+    insert(engine, t, 1, "before fencing")  # fence NULL
+    assert row(engine, t, 1) == ("before fencing", None)
+    assert write(engine, t, 1, BASE, "first fenced") == 1
+    assert row(engine, t, 1) == ("first fenced", BASE)
+    with pytest.raises(StaleFence) as info:  # from now on the row is fenced as usual
+        write(engine, t, 1, BASE - 1, "older")
+    assert (info.value.offered, info.value.current) == (BASE - 1, BASE)
+    assert write(engine, t, 1, BASE, "same lease") == 1
+    assert row(engine, t, 1) == ("same lease", BASE)
+
+
+def test_a_null_fence_accepts_even_fence_zero(engine: Any, nullable_table: Any) -> None:
+    t = nullable_table
+    insert(engine, t, 1, "unfenced")
+    assert write(engine, t, 1, 0, "zero") == 1
+    assert row(engine, t, 1) == ("zero", 0)
+
+
+def test_null_rows_are_written_and_newer_rows_left_alone(engine: Any, nullable_table: Any) -> None:
+    t = nullable_table
+    insert(engine, t, 1, "null")
+    insert(engine, t, 2, "newer", fence=BASE + 10)
+    insert(engine, t, 3, "older", fence=BASE)
+    with engine.begin() as conn:
+        updated = execute_fenced(conn, t, BASE + 5, t.c.id.in_([1, 2, 3]), values={"value": "z"})
+    assert updated == 2
+    assert row(engine, t, 1) == ("z", BASE + 5)
+    assert row(engine, t, 2) == ("newer", BASE + 10)
+    assert row(engine, t, 3) == ("z", BASE + 5)
+
+
+def test_fenced_update_run_by_hand_writes_a_null_fence_row(
+    engine: Any, nullable_table: Any
+) -> None:
+    t = nullable_table
+    insert(engine, t, 1, "null")
+    with engine.begin() as conn:
+        statement = fenced_update(t, BASE, t.c.id == 1, values={"value": "set"})
+        assert conn.execute(statement).rowcount == 1
+    assert row(engine, t, 1) == ("set", BASE)
+
+
+def test_a_missing_row_is_still_missing_next_to_null_rows(engine: Any, nullable_table: Any) -> None:
+    t = nullable_table
+    insert(engine, t, 1, "null")
+    with pytest.raises(MissingRow):
+        write(engine, t, 2, BASE, "nobody")
+    assert row(engine, t, 1) == ("null", None)
 
 
 BAD: list[tuple[str, Any]] = [

@@ -1,6 +1,15 @@
-"""Key names. All keys of one lock share the hash tag ``{name}`` so scripts stay valid on
-Redis Cluster: the tag runs from the first ``{`` to the next ``}``, both inside the shared
-prefix ``fencelock:{name}``.
+"""Key names. All keys of one lock share one Redis Cluster hash tag so scripts stay valid on
+Cluster: the tag runs from the first ``{`` to the next ``}`` and both sit in the shared prefix
+``fencelock:{<tag>}``.
+
+The tag is the lock name itself when the name has no brace (the keys of v0.1, unchanged). A
+name with a ``{`` or a ``}`` would cut the tag short (``"}abc"`` gave the empty tag ``{}``, so
+every key hashed on its own), so such a name is written as ``{`` followed by the name with
+``%``, ``{`` and ``}`` percent-escaped (``"}abc"`` -> tag ``{%7Dabc``). The escaped part has no
+``}``, so the tag is the whole encoded name; it is never empty; and it is unique per name: an
+unchanged name has no brace at all while an escaped one starts with ``{``, and the escaping is
+reversible. (Names with a ``{`` but no ``}`` worked before and now change keys: keeping
+them would leave no ``}``-free tag for the names with a ``}``.)
 """
 
 from __future__ import annotations
@@ -8,6 +17,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PREFIX = "fencelock:"
+
+_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+
+
+def hash_tag(name: str) -> str:
+    """The Cluster hash tag (the text between the braces) shared by every key of ``name``."""
+    if "{" not in name and "}" not in name:
+        return name
+    return "{" + name.translate(_ESCAPES)
+
+
+def keys_glob(name_prefix: str) -> str:
+    """A ``SCAN MATCH`` pattern for the keys of every lock whose name starts with
+    ``name_prefix`` and has no brace (``name_prefix`` must be brace-free and glob-free)."""
+    if any(char in name_prefix for char in "{}*?[]\\"):
+        raise ValueError(f"name prefix must not contain braces or glob characters: {name_prefix!r}")
+    return f"{PREFIX}{{{name_prefix}*"
 
 
 @dataclass(frozen=True)
@@ -25,7 +51,7 @@ class LockKeys:
 
 
 def lock_keys(name: str) -> LockKeys:
-    base = f"{PREFIX}{{{name}}}"
+    base = f"{PREFIX}{{{hash_tag(name)}}}"
     return LockKeys(
         lock=base,
         fence=base + ":fence",

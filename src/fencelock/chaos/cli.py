@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from ..errors import ConfigError
+from ..fence import DEFAULT_PREFIX
 from ..servers import Persistence, find_server_binary
 from .checkers import (
     Op,
@@ -293,7 +294,7 @@ def run_chaos(
             bar = None
         pool.stop(timeout=30.0)
         with topo.storage.client() as storage:
-            fenced_raw = storage.hget(f"fencelock:res:{RESOURCE}", "value")
+            fenced_raw = storage.hget(DEFAULT_PREFIX + RESOURCE, "value")
             canary_raw = storage.get(CANARY_KEY)
         records = list(nemesis.records)
         extra: dict[str, object] = {

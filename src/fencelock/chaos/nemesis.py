@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._core.keys import lock_keys
 from ..servers import Persistence, Server, ServerError, engine_of, find_server_binary
 from .proxy import Proxy
 from .workload import CANARY_KEY
@@ -492,11 +493,11 @@ class Nemesis:
         if found is not None:
             if fault.name == "faketime-jump":
                 with topo.servers[node].client(socket_timeout=1.0) as direct:
-                    hit = bool(direct.exists(f"fencelock:{{{self.lock_key}}}"))
+                    hit = bool(direct.exists(lock_keys(self.lock_key).lock))
                 topo.jump_clock(2.0 * fault.duration_s + 1.0)
             else:
                 with topo.servers[node].client(socket_timeout=1.0) as direct:
-                    hit = bool(direct.pexpire(f"fencelock:{{{self.lock_key}}}", 1))
+                    hit = bool(direct.pexpire(lock_keys(self.lock_key).lock, 1))
         holder = found[0] if found else None
         record.note = f"node={node} holder={holder} key_expired={hit}"
         record.heal_ns = time.monotonic_ns()
