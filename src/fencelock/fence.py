@@ -39,7 +39,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ._scripts import Script, _load
-from ._servers_spec import client_kwargs, describe
+from ._plain_clients import client_kwargs, describe
 from .errors import ConfigError, FencelockError, StaleFence
 from .options import check_url, seconds
 

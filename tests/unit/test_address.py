@@ -13,7 +13,7 @@ import redis.cluster
 from redis.credentials import UsernamePasswordCredentialProvider
 
 from fencelock._engine.address import TLS, Address, from_client, from_url, is_client
-from fencelock._servers_spec import describe
+from fencelock._plain_clients import describe
 from fencelock.errors import ConfigError
 from fencelock.options import check_url
 
