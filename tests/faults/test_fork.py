@@ -159,7 +159,7 @@ def test_a_forked_child_keeps_its_own_asyncio_lease_alive_by_renewal(
 
 # -- (b) parent and child use Locks whose connections were opened before the fork -----------------
 
-CYCLES = 50
+CYCLES = 200
 
 
 def _cycles(lock: Lock, urls: list[str], name: str, count: int) -> Report:
