@@ -83,6 +83,9 @@ def _lock(urls: list[str], name: str) -> fasync.Lock:
     return fasync.Lock(urls, name, ttl=TTL, server_timeout=SERVER_TIMEOUT)
 
 
+SWEEPS = 3  # acquire sweeps per test: a cancel racing a straggler's connect is a matter of luck
+
+
 @pytest.mark.parametrize("warm", [False, True], ids=["first-use", "warm"])
 def test_a_cancelled_acquire_leaves_nothing_locked(
     topologies: Any, key: str, n: int, warm: bool
@@ -90,23 +93,24 @@ def test_a_cancelled_acquire_leaves_nothing_locked(
     urls = topologies.urls(n)
     clients = _clients(topologies, n)
 
-    async def sweep() -> int:
+    async def sweep(name: str) -> int:
         IN_FLIGHT.clear()
-        lock = _lock(urls, key)
+        lock = _lock(urls, name)
         if warm:
             await (await lock.acquire(wait=2.0)).release()
         for k in range(1, K_MAX):
             if not warm:
-                lock = _lock(urls, key)  # each cancel meets a Lock's first use
+                lock = _lock(urls, name)  # each cancel meets a Lock's first use
             completed, lease = await _cancel_after(lock.acquire(wait=0), k)
             if lease is not None:
                 await lease.release()
-            await _assert_freed(clients, key, f"acquire cancelled after {k} iterations")
+            await _assert_freed(clients, name, f"acquire cancelled after {k} iterations")
             if completed:
                 return len(IN_FLIGHT)
         raise AssertionError(f"acquire never completed within {K_MAX} loop iterations")
 
-    assert asyncio.run(sweep()) >= 1  # at least one call was cancelled mid-flight
+    for number in range(SWEEPS):
+        assert asyncio.run(sweep(f"{key}:{number}")) >= 1  # some cancel landed mid-flight
 
 
 def test_a_cancelled_extend_leaves_a_lease_that_still_releases(
