@@ -197,4 +197,21 @@ class AsyncConnection(asyncio.Protocol):
         )
         transport, self._transport = self._transport, None
         if transport is not None and self.owner_pid == os.getpid():
-            transport.abort()
+            try:
+                transport.abort()
+            except RuntimeError:  # its event loop is closed: close the socket itself
+                _close_socket_of(transport)
+
+
+def _close_socket_of(transport: asyncio.BaseTransport) -> None:
+    """Close the socket under a transport whose event loop is already closed."""
+    inner: object = transport
+    for _ in range(3):  # a TLS transport wraps the socket transport
+        sock = getattr(inner, "_sock", None)
+        if isinstance(sock, socket.socket):
+            sock.close()
+            return
+        protocol = getattr(inner, "_ssl_protocol", None)
+        inner = getattr(protocol, "_transport", None)
+        if inner is None:
+            return
