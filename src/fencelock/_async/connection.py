@@ -2,8 +2,10 @@
 
 Rules of this module:
 
-- No timeouts inside: the caller bounds time by cancelling the task. Cancelled or failed, the
-  connection aborts its transport and is done for (:attr:`AsyncConnection.usable` is False).
+- No timeouts inside: the caller bounds time (by cancelling, or by closing the connection).
+- Many tasks share one connection: requests are pipelined and answered in order; a cancelled
+  request keeps its place. A failed connection fails every request waiting on it and is done
+  for (:attr:`AsyncConnection.usable` is False).
 - A new connection sends the handshake :func:`~fencelock._engine.handshake.prelude` and its
   first request in one write.
 - Error replies come back as :class:`~fencelock._engine.resp.ReplyError` instances in the list;
@@ -19,6 +21,7 @@ import errno
 import os
 import socket
 import time
+from collections import deque
 
 from .._engine.address import Address
 from .._engine.handshake import Identity, identity_from, prelude
@@ -27,25 +30,40 @@ from .._engine.resp import INCOMPLETE, Parser, ProtocolError
 __all__ = ["AsyncConnection"]
 
 
-class AsyncConnection(asyncio.Protocol):
-    """Connection to one server for asyncio; one request at a time.
+class _Pending:
+    """One request's place in the connection's queue: its replies arrive in order."""
 
-    ``identity`` is set once the handshake replies arrived (``None`` for users without the
-    right to ``INFO``/``ROLE``); ``last_used`` is the ``time.monotonic()`` of the last
-    completed request (0.0 before).
+    __slots__ = ("future", "handshake_n", "replies", "want")
+
+    def __init__(self, future: asyncio.Future[list[object]], want: int, handshake_n: int) -> None:
+        self.future = future
+        self.want = want
+        self.handshake_n = handshake_n
+        self.replies: list[object] = []
+
+
+class AsyncConnection(asyncio.Protocol):
+    """Connection to one server for asyncio, shared by any number of tasks of one loop.
+
+    Requests are pipelined: each is queued with the number of replies it wants, and the replies
+    are handed out in order. Writes made in one loop iteration leave in one ``send``. A request
+    whose task is cancelled keeps its place (its replies are read and dropped), so one task's
+    cancellation never costs the others their connection. ``identity`` is set once the handshake
+    replies arrived (``None`` for users without the right to ``INFO``/``ROLE``).
     """
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, *, identify: bool = True) -> None:
         self.address = address
+        self.identify = identify
         self.identity: Identity | None = None
         self.last_used = 0.0
         self.owner_pid = os.getpid()
         self._transport: asyncio.Transport | None = None
+        self._connecting: asyncio.Future[None] | None = None
         self._parser = Parser()
-        self._replies: list[object] = []
-        self._want = 0
-        self._waiter: asyncio.Future[list[object]] | None = None
-        self._busy = False
+        self._queue: deque[_Pending] = deque()
+        self._out = bytearray()
+        self._flush_scheduled = False
         self._closed = False
         self._eof = False
         self._fresh = True
@@ -66,56 +84,81 @@ class AsyncConnection(asyncio.Protocol):
         """True until the first request completed (never used before)."""
         return self._fresh
 
+    @property
+    def pending(self) -> int:
+        """Requests sent (or queued) whose replies have not all arrived."""
+        return len(self._queue)
+
     # ---- the request -------------------------------------------------------------------------
 
     async def request(self, payload: bytes, replies: int) -> list[object]:
         """Send ``payload`` (one or more encoded commands) and return its ``replies`` replies.
 
-        Connects on first use, with the handshake in the same write as ``payload``.
+        Connects on first use, with the handshake in the same write as the first payload.
+        No timeout inside: the caller bounds time (by cancelling, or by :meth:`close`).
 
         Raises:
             OSError: refused, reset, EOF, TLS failure, :class:`HandshakeError`,
-                :class:`ProtocolError`, or the connection was already closed.
-            asyncio.CancelledError: as usual; the connection is then closed.
+                :class:`ProtocolError`, or the connection was closed.
         """
-        assert not self._busy, "one request at a time"
         if not self.usable:
             raise ConnectionAbortedError(
                 errno.ECONNABORTED, f"{self.address.name}: the connection is closed"
             )
-        self._busy = True
-        try:
-            loop = asyncio.get_running_loop()
-            handshake_n = 0
-            if self._transport is None:
-                handshake, handshake_n = prelude(self.address)
+        loop = asyncio.get_running_loop()
+        handshake_n = 0
+        if self._transport is None:
+            if self._connecting is None:
+                handshake, handshake_n = prelude(self.address, identify=self.identify)
                 payload = handshake + payload
-                await self._connect(loop)
-            transport = self._transport
-            if transport is None or self._closed or self._eof:
-                raise ConnectionResetError(
-                    errno.ECONNRESET, f"{self.address.name}: the connection was lost"
+                self._connecting = loop.create_future()
+                try:
+                    await self._connect(loop)
+                except BaseException as exc:
+                    self.close()
+                    self._connecting.set_exception(
+                        exc if isinstance(exc, Exception) else ConnectionAbortedError()
+                    )
+                    self._connecting.exception()
+                    raise
+                self._connecting.set_result(None)
+            else:
+                await asyncio.shield(self._connecting)
+        transport = self._transport
+        if transport is None or self._closed or self._eof:
+            raise ConnectionResetError(
+                errno.ECONNRESET, f"{self.address.name}: the connection was lost"
+            )
+        future: asyncio.Future[list[object]] = loop.create_future()
+        entry = _Pending(future, handshake_n + replies, handshake_n)
+        if entry.want == 0:
+            future.set_result([])
+        else:
+            self._queue.append(entry)
+        self._out += payload
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        result = await future
+        if handshake_n:
+            try:
+                self.identity = identity_from(
+                    result[:handshake_n], address=self.address, identify=self.identify
                 )
-            waiter: asyncio.Future[list[object]] = loop.create_future()
-            self._waiter = waiter
-            self._replies = []
-            self._want = handshake_n + replies
-            transport.write(payload)
-            if self._want == 0:
-                waiter.set_result([])
-            result = await waiter
-            if handshake_n:
-                self.identity = identity_from(result[:handshake_n], address=self.address)
-                result = result[handshake_n:]
-        except BaseException:
-            self.close()
-            raise
-        finally:
-            self._busy = False
-            self._waiter = None
+            except BaseException:
+                self.close()
+                raise
+            result = result[handshake_n:]
         self._fresh = False
         self.last_used = time.monotonic()
         return result
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is not None and self._out and not self._closed:
+            transport.write(bytes(self._out))
+        self._out.clear()
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> None:
         address = self.address
@@ -136,9 +179,12 @@ class AsyncConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _fail(self, exc: BaseException) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        """Every request still waiting fails with ``exc``."""
+        queue, self._queue = self._queue, deque()
+        for entry in queue:
+            if not entry.future.done():
+                entry.future.set_exception(exc)
+                entry.future.exception()  # retrieved: a cancelled caller may never look
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -151,17 +197,20 @@ class AsyncConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         parser = self._parser
         parser.feed(data)
+        queue = self._queue
         try:
             while True:
                 reply = parser.get()
                 if reply is INCOMPLETE:
                     return
-                waiter = self._waiter
-                if waiter is None or waiter.done():
+                if not queue:
                     raise ProtocolError(f"{self.address.name}: a reply nobody asked for")
-                self._replies.append(reply)
-                if len(self._replies) == self._want:
-                    waiter.set_result(self._replies)
+                entry = queue[0]
+                entry.replies.append(reply)
+                if len(entry.replies) == entry.want:
+                    queue.popleft()
+                    if not entry.future.done():  # done: its caller was cancelled
+                        entry.future.set_result(entry.replies)
         except ProtocolError as exc:
             self._fail(exc)
             self.close()

@@ -39,6 +39,8 @@ T = TypeVar("T")
 
 #: A straggler's reply still missing this long (s) after its round is given up.
 GIVE_UP_S = 1.0
+#: Connections kept for blocking waits per server and loop, at the most.
+IDLE_WAITERS_MAX = 16
 
 # Tasks left running after their round (stragglers, shielded cleanups): referenced here so
 # they are not garbage-collected mid-flight.
@@ -58,7 +60,9 @@ def _forget(task: asyncio.Future[Any]) -> None:
 
 
 def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
-    """The idle connections of ``server`` on ``loop`` (connections belong to one loop)."""
+    """The connections of ``server`` on ``loop`` (connections belong to one loop): the first is
+    the shared one every round pipelines on; the others wait for a wake signal (BLPOP blocks a
+    connection, so each waiter has its own)."""
     entry = server.async_idle.get(id(loop))
     if entry is None or entry[0]() is not loop:
         for key, (ref, conns) in list(server.async_idle.items()):
@@ -73,18 +77,44 @@ def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnecti
     return pool
 
 
-def take(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
+def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
+    """The connection every task of ``loop`` pipelines its requests to ``server`` on."""
     pool = _pool(server, loop)
-    while pool:
+    if pool and pool[0].usable:
+        return pool[0]
+    conn = AsyncConnection(server.address, identify=server.recheck)
+    if pool:
+        pool[0].close()
+        pool[0] = conn
+    else:
+        pool.append(conn)
+    return conn
+
+
+def take_blocking(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
+    """A connection of its own for one blocking wait (given back with :func:`give_back`)."""
+    pool = _pool(server, loop)
+    if not pool:
+        pool.append(AsyncConnection(server.address, identify=server.recheck))
+    while len(pool) > 1:
         conn = pool.pop()
         if conn.usable:
             return conn
         conn.close()
-    return AsyncConnection(server.address)
+    return AsyncConnection(server.address, identify=server.recheck)
+
+
+def give_back(server: Server, loop: asyncio.AbstractEventLoop, conn: AsyncConnection) -> None:
+    pool = _pool(server, loop)
+    if len(pool) < IDLE_WAITERS_MAX + 1:
+        pool.append(conn)
+    else:
+        conn.close()
 
 
 def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) -> None:
     """A call failed: a server that timed out becomes suspect (a refusal costs nothing)."""
+    server.connection_failed()
     if isinstance(exc, TimeoutError) and server.failed(f"{type(exc).__name__}: {exc}", timeout_s):
         background().watch(server)
 
@@ -128,7 +158,7 @@ class _Round:
             if call.conn.fresh or isinstance(exc, HandshakeError):
                 raise
             call.conn.close()
-            call.conn = AsyncConnection(server.address)
+            call.conn = shared(server, asyncio.get_running_loop())
             replies = await call.conn.request(payload, 1)
         if script is not None and is_noscript(replies[0]):
             server.loaded.discard(script.sha)
@@ -138,7 +168,6 @@ class _Round:
             server.loaded.add(script.sha)
         server.learned(call.conn.identity)
         server.answered()
-        _pool(server, asyncio.get_running_loop()).append(call.conn)
         return replies[0]
 
 
@@ -229,7 +258,7 @@ class AsyncDriver:
             if server.health.suspect:
                 tally.record(index, *effect.classify(NotSent(f"suspect: {server.health.reason}")))
                 continue
-            call = _Call(index, server, take(server, loop))
+            call = _Call(index, server, shared(server, loop))
             task = loop.create_task(round_.call(call))
             call.task = task
             round_.calls[task] = call
@@ -311,7 +340,7 @@ class AsyncDriver:
             return False
         loop = asyncio.get_running_loop()
         server = self.servers[effect.wake[0]]
-        conn = take(server, loop)
+        conn = take_blocking(server, loop)
         started = time.monotonic()
         timer = loop.call_later(delay + self.timeout_s, conn.close)
         try:
@@ -328,7 +357,7 @@ class AsyncDriver:
             return False
         finally:
             timer.cancel()
-        _pool(server, loop).append(conn)
+        give_back(server, loop, conn)
         return isinstance(replies[0], list)
 
 

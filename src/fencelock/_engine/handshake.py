@@ -65,12 +65,16 @@ def _setup_commands(address: Address) -> list[tuple[str, bytes]]:
     return steps
 
 
-def prelude(address: Address) -> tuple[bytes, int]:
+def prelude(address: Address, *, identify: bool = True) -> tuple[bytes, int]:
     """The commands a new connection sends before its first request, and how many replies
-    they produce (``AUTH``? ``SELECT``? ``INFO server``, ``ROLE``)."""
+    they produce (``AUTH``? ``SELECT``? then, with ``identify``, ``INFO server`` and ``ROLE``).
+    Without ``identify`` (the server's identity is known and nothing failed since) a new
+    connection costs the server no INFO."""
     steps = _setup_commands(address)
-    payload = b"".join(encoded for _, encoded in steps) + _INFO + _ROLE
-    return payload, len(steps) + 2
+    payload = b"".join(encoded for _, encoded in steps)
+    if not identify:
+        return payload, len(steps)
+    return payload + _INFO + _ROLE, len(steps) + 2
 
 
 def _version(text: str) -> tuple[int, int, int]:
@@ -90,7 +94,9 @@ def _info_fields(reply: object) -> dict[str, str]:
     return fields
 
 
-def identity_from(replies: list[object], *, address: Address | None = None) -> Identity | None:
+def identity_from(
+    replies: list[object], *, address: Address | None = None, identify: bool = True
+) -> Identity | None:
     """The server's identity from the :func:`prelude` replies (in order).
 
     ``address`` names the server in errors and says which setup commands were sent; without it,
@@ -102,6 +108,8 @@ def identity_from(replies: list[object], *, address: Address | None = None) -> I
         HandshakeError: ``AUTH`` or ``SELECT`` failed, or the server wants a password that
             was not given (``NOAUTH``).
     """
+    if not identify:  # a prelude without INFO/ROLE: only the setup replies to check
+        replies = [*replies, b"", [b"master"]]
     if len(replies) < 2:
         raise ValueError(f"the prelude has at least 2 replies, got {len(replies)}")
     server = address.name if address is not None else "server"

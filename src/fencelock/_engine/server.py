@@ -54,11 +54,13 @@ class Server:
         self.late: deque[LateCall] = deque(maxlen=LATE_MAX)
         self.lock = threading.Lock()
         self.timeout_s = 1.0  # the server timeout of the last round that found it failing
+        self.recheck = True  # a new connection asks INFO/ROLE (unknown, or a failure since)
 
     def learned(self, identity: Identity | None) -> None:
         """A connection finished its handshake (``identity`` None when an ACL hides INFO)."""
         if identity is None:
             return
+        self.recheck = False
         previous = self.identity
         if previous is not None and previous.run_id != identity.run_id:
             self.loaded.clear()  # restarted: its script cache is empty
@@ -69,8 +71,13 @@ class Server:
         ``timeout_s``: the caller's server timeout (background probes wait that long)."""
         if timeout_s is not None:
             self.timeout_s = timeout_s
+        self.recheck = True  # it may come back restarted: the next handshake says
         with self.lock:
             return self.health.failed(time.monotonic(), reason)
+
+    def connection_failed(self) -> None:
+        """A connection broke (refused, reset): the next one checks the identity again."""
+        self.recheck = True
 
     def answered(self) -> None:
         if self.health.suspect:

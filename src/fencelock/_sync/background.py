@@ -280,7 +280,7 @@ class Background:
     def _start(
         self, server: Server, kind: type[_Job], payload: bytes, replies: int, *extra: Any
     ) -> None:
-        conn = Connection(server.address)
+        conn = Connection(server.address, identify=server.recheck)
         timeout = min(PROBE_TIMEOUT_S, max(0.05, server.timeout_s))
         job = kind(server, conn, time.monotonic() + timeout, *extra)
         try:

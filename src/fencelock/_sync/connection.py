@@ -80,8 +80,9 @@ class Connection:
     ``last_used`` is the ``time.monotonic()`` of the last completed request (0.0 before).
     """
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, *, identify: bool = True) -> None:
         self.address = address
+        self.identify = identify  # the handshake asks INFO/ROLE (see handshake.prelude)
         self.identity: Identity | None = None
         self.last_used = 0.0
         self.owner_pid = os.getpid()
@@ -140,7 +141,7 @@ class Connection:
         self._busy = True
         self._replies = []
         if self._state == _NEW:
-            handshake, self._prelude_n = prelude(self.address)
+            handshake, self._prelude_n = prelude(self.address, identify=self.identify)
             self._out += handshake
             self._out += payload
             self._want = self._prelude_n + replies
@@ -308,7 +309,9 @@ class Connection:
         if n:
             self._prelude_n = 0
             try:
-                self.identity = identity_from(replies[:n], address=self.address)
+                self.identity = identity_from(
+                    replies[:n], address=self.address, identify=self.identify
+                )
             except BaseException:
                 self.close()
                 raise

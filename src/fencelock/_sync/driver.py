@@ -55,7 +55,7 @@ def take(server: Server) -> Connection:
         if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
             return conn
         conn.close()
-    return Connection(server.address)
+    return Connection(server.address, identify=server.recheck)
 
 
 class _Call:
@@ -225,7 +225,7 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc):
                 call.retried = True
-                call.conn = Connection(call.server.address)
+                call.conn = Connection(call.server.address, identify=call.server.recheck)
                 self._start(round_, call)
                 return
             self._failed(call.server, exc)
@@ -271,7 +271,7 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
                 call.retried = True
-                call.conn = Connection(call.server.address)
+                call.conn = Connection(call.server.address, identify=call.server.recheck)
                 self._start(round_, call)
                 return
             self._failed(call.server, exc)
@@ -323,6 +323,7 @@ class Driver:
     def _failed(self, server: Server, exc: BaseException) -> None:
         """A call failed: a server that timed out becomes suspect (a refusal costs nothing,
         so a refusing server is simply asked again next time)."""
+        server.connection_failed()
         if isinstance(exc, TimeoutError) and server.failed(
             f"{type(exc).__name__}: {exc}", self.timeout_s
         ):
