@@ -356,7 +356,7 @@ def test_a_paused_server_blocks_nobody_and_answers_once_resumed(
         new.close()
 
 
-def test_an_async_request_to_a_paused_server_is_cancelled_and_the_connection_closes(
+def test_an_async_request_to_a_paused_server_is_cancelled_at_once_and_close_fails_the_rest(
     fencelock_server: Server,
 ) -> None:
     async def main() -> None:
@@ -366,18 +366,39 @@ def test_an_async_request_to_a_paused_server_is_cancelled_and_the_connection_clo
         try:
             for conn in (old, AsyncConnection(tcp(fencelock_server))):
                 task = asyncio.ensure_future(conn.request(PING, 1))
+                other = asyncio.ensure_future(conn.request(PING, 1))
                 await asyncio.sleep(0.15)
-                assert not task.done()
+                assert not task.done() and not other.done()
                 began = time.monotonic()
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task
+                assert time.monotonic() - began < 0.5
+                # a cancelled request keeps its place: the connection still serves the others
+                assert conn.usable and not other.done()
+                conn.close()  # what a caller whose deadline passed does
+                with pytest.raises(ConnectionAbortedError):
+                    await other
                 assert time.monotonic() - began < 0.5
                 assert not conn.usable
                 with pytest.raises(ConnectionAbortedError):
                     await conn.request(PING, 1)
         finally:
             fencelock_server.resume()
+
+    asyncio.run(main())
+
+
+def test_many_tasks_pipeline_on_one_async_connection_and_get_their_own_replies(
+    fencelock_server: Server,
+) -> None:
+    async def main() -> None:
+        conn = AsyncConnection(tcp(fencelock_server))
+        replies = await asyncio.gather(
+            *(conn.request(command("ECHO", f"m{i}"), 1) for i in range(200))
+        )
+        assert replies == [[f"m{i}".encode()] for i in range(200)]
+        conn.close()
 
     asyncio.run(main())
 

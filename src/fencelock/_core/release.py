@@ -2,7 +2,8 @@
 
 A paused server applies what its socket buffers held when it wakes, possibly an acquire that
 arrives after our release; so servers that did not answer (or were not asked: suspect) get the
-release again in the background, once after they answer (see :class:`~.effects.Repeat`).
+release again in the background, once after they answer (see :class:`~.effects.Repeat`). So do
+servers that answered "not ours": the acquire round's straggler may still be on its way there.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def release_round(plan: LockPlan, token: str, targets: tuple[int, ...] | None = 
     yield Broadcast(
         "release", targets, plan.release_keys, args, classify_release, None, plan.budget_s, tally
     )
-    late = silent(tally) + _not_sent(tally)
+    # "not ours" on a server we target may mean our grant there has not landed yet (a
+    # straggler of the acquire round, on another connection): repeat the release there too
+    refused = tuple(i for i in targets if tally.votes.get(i, (None, None))[0] is Outcome.HELD)
+    late = tuple(sorted(silent(tally) + _not_sent(tally) + refused))
     if late:
         yield Repeat("release", late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0)
     return tally
