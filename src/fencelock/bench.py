@@ -11,6 +11,12 @@ Cases (see ``docs/benchmarks.md`` for the targets):
 - ``redlock``: acquire + release over 5 servers, p50 against our own one-server p50.
 - ``handoff``: 8 workers (processes; threads reported too) on one key, ~1 ms of work each.
 - ``async``: 50 asyncio tasks on distinct keys vs raw ``redis.asyncio``.
+- ``single`` and ``async`` also time a NEW Lock object per acquire+release cycle (a Lock built
+  per key, as web handlers do) against the same baseline, and ``single`` reads the server's CPU
+  (``INFO cpu``) around every batch: server CPU per cycle, ours vs raw.
+- ``faults``: acquire + release p50 over 5 servers the bench starts itself, healthy and with a
+  sick minority (one SIGSTOPped, two black-holed addresses, two refused ports), server
+  timeout 0.25 s.
 
 Also reported: client CPU per operation (``time.process_time`` per op), server memory per held
 lock (``MEMORY USAGE`` of its keys) and whether anything but the fence register is left after a
@@ -53,6 +59,8 @@ CALL_TIMEOUT_S = 5.0  # socket timeout of the bench's own admin / baseline clien
 HANDOFF_WORKERS = 8
 HANDOFF_WORK_S = 0.001
 ASYNC_TASKS = 50
+FAULT_SERVERS = 5
+FAULT_SERVER_TIMEOUT_S = 0.25  # the faults case's server_timeout: a sick server costs <= this
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class Plan:
     async_rounds: int
     async_batch_s: float
     warmup_ops: int
+    faults_s: float
+    faults_min_cycles: int
 
 
 FULL = Plan(
@@ -78,6 +88,8 @@ FULL = Plan(
     async_rounds=6,
     async_batch_s=0.4,
     warmup_ops=300,
+    faults_s=1.0,
+    faults_min_cycles=5,
 )
 QUICK = Plan(
     rounds=4,
@@ -88,6 +100,8 @@ QUICK = Plan(
     async_rounds=3,
     async_batch_s=0.1,
     warmup_ops=50,
+    faults_s=0.2,
+    faults_min_cycles=3,
 )
 
 
@@ -130,8 +144,8 @@ class Batch:
         return _ratio(self.cpu_s * 1e6, self.ops)
 
 
-def _timed(op: Callable[[], object], duration_s: float) -> Batch:
-    """Run ``op`` back to back for ``duration_s`` seconds (at least once)."""
+def _timed(op: Callable[[], object], duration_s: float, min_ops: int = 1) -> Batch:
+    """Run ``op`` back to back for ``duration_s`` seconds (at least ``min_ops`` times)."""
     clock = time.perf_counter
     latencies: list[float] = []
     cpu0 = time.process_time()
@@ -143,7 +157,7 @@ def _timed(op: Callable[[], object], duration_s: float) -> Batch:
         after = clock()
         latencies.append(after - now)
         now = after
-        if now >= end:
+        if now >= end and len(latencies) >= min_ops:
             break
     return Batch(len(latencies), now - start, time.process_time() - cpu0, latencies)
 
@@ -187,46 +201,76 @@ class _RawLock:
         self.client.close()
 
 
+def _server_cpu_s(admin: redis.Redis) -> float:
+    """The server process's CPU seconds so far (``INFO cpu``: used_cpu_sys + used_cpu_user)."""
+    info: dict[str, Any] = admin.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
 def _bench_single(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
     from . import Lock
 
-    lock = Lock(url, f"{prefix}single", ttl=LOCK_TTL_S)
+    name = f"{prefix}single"
+    per_key_name = f"{prefix}single:per-key"
+    lock = Lock(url, name, ttl=LOCK_TTL_S)
     raw = _RawLock(url, f"{prefix}raw:single")
+    admin = _admin(url)
 
     def ours() -> None:
         lock.acquire(wait=0).release()
 
+    def per_key() -> None:
+        # a web handler's way: a Lock built for the key it needs, used once, dropped
+        Lock(url, per_key_name, ttl=LOCK_TTL_S).acquire(wait=0).release()
+
+    cases: dict[str, Callable[[], None]] = {"ours": ours, "per_key": per_key, "raw": raw.cycle}
+    batches: dict[str, list[Batch]] = {case: [] for case in cases}
+    server_cpu_s = dict.fromkeys(cases, 0.0)
     try:
         for _ in range(plan.warmup_ops):
-            ours()
-            raw.cycle()
-        mine: list[Batch] = []
-        base: list[Batch] = []
+            for op in cases.values():
+                op()
+        order = list(cases)
         for index in range(plan.rounds):
-            # alternate which goes first so neither always follows the other
-            if index % 2 == 0:
-                mine.append(_timed(ours, plan.batch_s))
-                base.append(_timed(raw.cycle, plan.batch_s))
-            else:
-                base.append(_timed(raw.cycle, plan.batch_s))
-                mine.append(_timed(ours, plan.batch_s))
+            # rotate which goes first so none always follows another
+            shift = index % len(order)
+            for case in order[shift:] + order[:shift]:
+                cpu0 = _server_cpu_s(admin)
+                batches[case].append(_timed(cases[case], plan.batch_s))
+                server_cpu_s[case] += _server_cpu_s(admin) - cpu0
     finally:
         lock.close()
         raw.close()
+        admin.close()
+    mine, per, base = batches["ours"], batches["per_key"], batches["raw"]
     ops = _median([b.ops_per_s for b in mine])
+    per_key_ops = _median([b.ops_per_s for b in per])
     base_ops = _median([b.ops_per_s for b in base])
     lat = [x for b in mine for x in b.latencies]
     base_lat = [x for b in base for x in b.latencies]
+    per_lat = [x for b in per for x in b.latencies]
+
+    def server_us_per_op(case: str) -> float:
+        return _ratio(server_cpu_s[case] * 1e6, sum(b.ops for b in batches[case]))
+
     return {
         "ops_per_s": ops,
         "p50_us": _pct(lat, 0.50) * 1e6,
         "p99_us": _pct(lat, 0.99) * 1e6,
         "baseline_ops_per_s": base_ops,
         "ratio_to_baseline": _ratio(ops, base_ops),
+        "per_key_ops_per_s": per_key_ops,
+        "per_key_p50_us": _pct(per_lat, 0.50) * 1e6,
+        "per_key_ratio_to_baseline": _ratio(per_key_ops, base_ops),
+        "server_cpu_us_per_op": server_us_per_op("ours"),
+        "per_key_server_cpu_us_per_op": server_us_per_op("per_key"),
+        "baseline_server_cpu_us_per_op": server_us_per_op("raw"),
+        "server_cpu_ratio": _ratio(server_us_per_op("ours"), server_us_per_op("raw")),
         "baseline_p50_us": _pct(base_lat, 0.50) * 1e6,
         "baseline_p99_us": _pct(base_lat, 0.99) * 1e6,
         "round_ratios": [_ratio(m.ops_per_s, b.ops_per_s) for m, b in zip(mine, base, strict=True)],
         "cpu_us_per_op": _median([b.cpu_us_per_op for b in mine]),
+        "per_key_cpu_us_per_op": _median([b.cpu_us_per_op for b in per]),
         "baseline_cpu_us_per_op": _median([b.cpu_us_per_op for b in base]),
         "rounds": plan.rounds,
     }
@@ -406,6 +450,10 @@ def _handoff_figures(per_worker: list[list[Record]], duration_s: float) -> dict[
         "min_worker_share": _ratio(min(counts, default=0), mean_count),
         "same_worker_again": _ratio(same, max(1, len(merged) - 1)),
         "handoff_gap_p50_us": _median(gaps) * 1e6,
+        # the same figure under its v0.2 contract name: from the holder's release() returning
+        # to ANOTHER worker's acquire() returning (only transitions between two workers count)
+        "other_worker_p50_us": _median(gaps) * 1e6,
+        "other_worker_handoffs": len(gaps),
     }
 
 
@@ -444,6 +492,17 @@ async def _async_batches(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
             if time.perf_counter() >= end:
                 return count
 
+    async def per_key_task(index: int, end: float) -> int:
+        name = f"{prefix}async:per-key:{index}"
+        count = 0
+        while True:
+            # a web handler's way: a Lock built for the key it needs, used once, dropped
+            lease = await AsyncLock(url, name, ttl=LOCK_TTL_S).acquire(wait=0)
+            await lease.release()
+            count += 1
+            if time.perf_counter() >= end:
+                return count
+
     async def raw_task(index: int, end: float) -> int:
         key = raw_keys[index]
         count = 0
@@ -463,36 +522,129 @@ async def _async_batches(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
         wall = time.perf_counter() - start
         return Batch(sum(counts), wall, time.process_time() - cpu0, [])
 
+    tasks: dict[str, Callable[[int, float], Any]] = {
+        "ours": ours_task,
+        "per_key": per_key_task,
+        "raw": raw_task,
+    }
+    batches: dict[str, list[Batch]] = {case: [] for case in tasks}
     try:
-        await batch(ours_task, min(0.1, plan.async_batch_s))  # connections, scripts
-        await batch(raw_task, min(0.1, plan.async_batch_s))
-        mine: list[Batch] = []
-        base: list[Batch] = []
+        for task in tasks.values():  # connections, scripts
+            await batch(task, min(0.1, plan.async_batch_s))
+        order = list(tasks)
         for index in range(plan.async_rounds):
-            if index % 2 == 0:
-                mine.append(await batch(ours_task, plan.async_batch_s))
-                base.append(await batch(raw_task, plan.async_batch_s))
-            else:
-                base.append(await batch(raw_task, plan.async_batch_s))
-                mine.append(await batch(ours_task, plan.async_batch_s))
+            shift = index % len(order)
+            for case in order[shift:] + order[:shift]:
+                batches[case].append(await batch(tasks[case], plan.async_batch_s))
     finally:
         for lock in locks:
             await lock.aclose()
         await raw.aclose()
+    mine, per, base = batches["ours"], batches["per_key"], batches["raw"]
     ops = _median([b.ops_per_s for b in mine])
+    per_key_ops = _median([b.ops_per_s for b in per])
     base_ops = _median([b.ops_per_s for b in base])
     return {
         "tasks": ASYNC_TASKS,
         "ops_per_s": ops,
         "baseline_ops_per_s": base_ops,
         "ratio_to_baseline": _ratio(ops, base_ops),
+        "per_key_ops_per_s": per_key_ops,
+        "per_key_ratio_to_baseline": _ratio(per_key_ops, base_ops),
         "cpu_us_per_op": _median([b.cpu_us_per_op for b in mine]),
+        "per_key_cpu_us_per_op": _median([b.cpu_us_per_op for b in per]),
         "baseline_cpu_us_per_op": _median([b.cpu_us_per_op for b in base]),
     }
 
 
 def _bench_async(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
     return asyncio.run(_async_batches(url, prefix, plan))
+
+
+# ---------------------------------------------------------------------------------------------
+# faults: a sick minority of 5 servers
+# ---------------------------------------------------------------------------------------------
+
+
+def _fault_p50(
+    urls: Sequence[str], name: str, plan: Plan, before: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """acquire(wait=0) + release cycles on ``urls`` after one warm cycle (and ``before()``)."""
+    from . import Lock
+
+    lock = Lock(list(urls), name, ttl=LOCK_TTL_S, server_timeout=FAULT_SERVER_TIMEOUT_S)
+
+    def cycle() -> None:
+        lock.acquire(wait=0).release()
+
+    try:
+        cycle()  # connections, identity checks, scripts: not what this case measures
+        if before is not None:
+            before()
+        batch = _timed(cycle, plan.faults_s, plan.faults_min_cycles)
+    finally:
+        lock.close()
+    return {
+        "p50_us": _pct(batch.latencies, 0.50) * 1e6,
+        "p99_us": _pct(batch.latencies, 0.99) * 1e6,
+        "cycles": float(batch.ops),
+    }
+
+
+def _bench_faults(prefix: str, plan: Plan) -> dict[str, Any]:
+    """acquire+release p50 over 5 embedded servers, healthy and with a sick minority: one
+    SIGSTOPped (hung) after the Lock connected to it, two black holes (connects never complete),
+    two refused ports. Always on servers the bench starts itself (it pauses them)."""
+    from .servers import BlackHole, ServerError, ServerGroup, refused_url
+
+    try:
+        group = ServerGroup(FAULT_SERVERS).start()
+    except ServerError as exc:  # e.g. --server given and no server binary on this machine
+        return {
+            "servers": FAULT_SERVERS,
+            "skipped": f"cannot start embedded servers: {exc}",
+            **{f"{case}_p50_us": 0.0 for case in _FAULT_CASES},
+        }
+    holes: list[BlackHole] = []
+    figures: dict[str, dict[str, float]] = {}
+    try:
+        urls = group.urls
+        figures["healthy"] = _fault_p50(urls, f"{prefix}faults:healthy", plan)
+        sick = group[FAULT_SERVERS - 1]
+        paused: list[bool] = []
+
+        def pause() -> None:
+            sick.pause()
+            paused.append(True)
+
+        try:
+            figures["hung_1"] = _fault_p50(urls, f"{prefix}faults:hung", plan, before=pause)
+        finally:
+            if paused:
+                sick.resume()
+        holes = [BlackHole() for _ in range(2)]
+        figures["black_holed_2"] = _fault_p50(
+            urls[:3] + [h.url for h in holes], f"{prefix}faults:black-holed", plan
+        )
+        figures["refused_2"] = _fault_p50(
+            urls[:3] + [refused_url() for _ in range(2)], f"{prefix}faults:refused", plan
+        )
+    finally:
+        for hole in holes:
+            hole.close()
+        group.stop()
+    result: dict[str, Any] = {
+        "servers": FAULT_SERVERS,
+        "server_timeout_s": FAULT_SERVER_TIMEOUT_S,
+    }
+    for case in _FAULT_CASES:
+        result[f"{case}_p50_us"] = figures[case]["p50_us"]
+        result[f"{case}_p99_us"] = figures[case]["p99_us"]
+        result[f"{case}_cycles"] = int(figures[case]["cycles"])
+    return result
+
+
+_FAULT_CASES = ("healthy", "hung_1", "black_holed_2", "refused_2")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,8 +772,14 @@ def _human(result: dict[str, Any]) -> str:
         f"{'single: client CPU us/op':<34}{s['cpu_us_per_op']:>14.1f}"
         f"{s['baseline_cpu_us_per_op']:>14.1f}"
         f"{_ratio(s['cpu_us_per_op'], s['baseline_cpu_us_per_op']):>9.2f}",
+        f"{'single: new Lock per cycle ops/s':<34}{s['per_key_ops_per_s']:>14,.0f}"
+        f"{s['baseline_ops_per_s']:>14,.0f}{s['per_key_ratio_to_baseline']:>9.2f}",
+        f"{'single: server CPU us/op':<34}{s['server_cpu_us_per_op']:>14.1f}"
+        f"{s['baseline_server_cpu_us_per_op']:>14.1f}{s['server_cpu_ratio']:>9.2f}",
         f"{'async x' + str(a['tasks']) + ' tasks: ops/s':<34}{a['ops_per_s']:>14,.0f}"
         f"{a['baseline_ops_per_s']:>14,.0f}{a['ratio_to_baseline']:>9.2f}",
+        f"{'async: new Lock per cycle ops/s':<34}{a['per_key_ops_per_s']:>14,.0f}"
+        f"{a['baseline_ops_per_s']:>14,.0f}{a['per_key_ratio_to_baseline']:>9.2f}",
         f"{'async: client CPU us/op':<34}{a['cpu_us_per_op']:>14.1f}"
         f"{a['baseline_cpu_us_per_op']:>14.1f}"
         f"{_ratio(a['cpu_us_per_op'], a['baseline_cpu_us_per_op']):>9.2f}",
@@ -642,7 +800,7 @@ def _human(result: dict[str, Any]) -> str:
         ("wait p50 us", "p50_us", "{:,.0f}"),
         ("wait p99 us", "p99_us", "{:,.0f}"),
         ("max wait / median wait", "max_wait_ratio", "{:.2f}"),
-        ("release -> other's lease p50 us", "handoff_gap_p50_us", "{:,.0f}"),
+        ("release -> other worker p50 us", "other_worker_p50_us", "{:,.0f}"),
         ("same worker twice in a row", "same_worker_again", "{:.1%}"),
         ("least served worker / mean", "min_worker_share", "{:.2f}"),
     ]
@@ -650,6 +808,25 @@ def _human(result: dict[str, Any]) -> str:
         lines.append(f"{label:<34}{fmt.format(h[field]):>14}{fmt.format(t[field]):>14}")
     lines.append(f"{'per worker (processes)':<34}{' '.join(str(c) for c in h['per_worker'])}")
     lines.append(f"{'per worker (threads)':<34}{' '.join(str(c) for c in t['per_worker'])}")
+    f = result["faults"]
+    lines += [
+        "",
+        f"{'sick minority of ' + str(f['servers']) + ' servers':<34}{'p50 us':>14}"
+        f"{'x healthy':>14}",
+        "-" * 71,
+    ]
+    if "skipped" in f:
+        lines.append(f"skipped: {f['skipped']}")
+    else:
+        lines.append(f"(server timeout {f['server_timeout_s']:g} s, acquire+release per cycle)")
+        for label, case in (
+            ("healthy", "healthy"),
+            ("1 hung (SIGSTOP)", "hung_1"),
+            ("2 black-holed (connect hangs)", "black_holed_2"),
+            ("2 refused (nothing listens)", "refused_2"),
+        ):
+            p50 = f[f"{case}_p50_us"]
+            lines.append(f"{label:<34}{p50:>14,.0f}{_ratio(p50, f['healthy_p50_us']):>14.2f}")
     by_key = ", ".join(f"{k} {v} B" for k, v in m["bytes_by_key"].items())
     lines += [
         "",
@@ -705,6 +882,8 @@ def measure(
         handoff = _bench_handoff(single_url, prefix, plan)
         _progress(progress, f"asyncio, {ASYNC_TASKS} tasks vs raw redis.asyncio")
         asynch = _bench_async(single_url, prefix, plan)
+        _progress(progress, f"{FAULT_SERVERS} embedded servers with a sick minority")
+        faults = _bench_faults(prefix, plan)
         memory = _memory(single_url, prefix)
         garbage = _persistent_garbage(single_url, prefix)
     finally:
@@ -717,6 +896,7 @@ def measure(
         "redlock": red,
         "handoff": handoff,
         "async": asynch,
+        "faults": faults,
         "memory": memory,
         "garbage_keys": garbage,
         "env": env,

@@ -13,10 +13,40 @@ import pytest
 from fencelock import bench
 
 FIELDS = {
-    "single": ("ops_per_s", "p50_us", "p99_us", "baseline_ops_per_s", "ratio_to_baseline"),
+    "single": (
+        "ops_per_s",
+        "p50_us",
+        "p99_us",
+        "baseline_ops_per_s",
+        "ratio_to_baseline",
+        # v0.2
+        "per_key_ratio_to_baseline",
+        "server_cpu_ratio",
+    ),
     "redlock": ("servers", "p50_us", "p99_us", "single_p50_us", "ratio_p50_to_single"),
-    "handoff": ("workers", "p50_us", "p99_us", "acquisitions_per_s", "max_wait_ratio"),
-    "async": ("tasks", "ops_per_s", "baseline_ops_per_s", "ratio_to_baseline"),
+    "handoff": (
+        "workers",
+        "p50_us",
+        "p99_us",
+        "acquisitions_per_s",
+        "max_wait_ratio",
+        "other_worker_p50_us",  # v0.2
+    ),
+    "async": (
+        "tasks",
+        "ops_per_s",
+        "baseline_ops_per_s",
+        "ratio_to_baseline",
+        "per_key_ratio_to_baseline",  # v0.2
+    ),
+    # v0.2
+    "faults": (
+        "servers",
+        "healthy_p50_us",
+        "hung_1_p50_us",
+        "black_holed_2_p50_us",
+        "refused_2_p50_us",
+    ),
 }
 
 
@@ -44,8 +74,31 @@ def test_bench_json_has_every_field_as_a_positive_number(
     assert result["redlock"]["servers"] == 5
     assert result["handoff"]["workers"] == 8
     assert result["async"]["tasks"] == 50
+    faults = result["faults"]
+    assert faults["servers"] == 5 and "skipped" not in faults, faults
+    # each sick case ran at least the quick plan's minimum of timed cycles
+    for case in ("healthy", "hung_1", "black_holed_2", "refused_2"):
+        assert isinstance(faults[f"{case}_cycles"], int) and faults[f"{case}_cycles"] >= 3
+    # CPU figures are per operation, both measured (a ratio of two positive numbers)
+    single = result["single"]
+    assert single["server_cpu_us_per_op"] > 0 and single["baseline_server_cpu_us_per_op"] > 0
+    assert single["server_cpu_ratio"] == pytest.approx(
+        single["server_cpu_us_per_op"] / single["baseline_server_cpu_us_per_op"]
+    )
     # every worker got the lock at least once, and a release leaves only the fence register
     assert all(count > 0 for count in result["handoff"]["per_worker"])
+    # the human table has a line for each v0.2 figure
+    text = bench._human(result)
+    for label in (
+        "single: new Lock per cycle ops/s",
+        "single: server CPU us/op",
+        "async: new Lock per cycle ops/s",
+        "release -> other worker p50 us",
+        "1 hung (SIGSTOP)",
+        "2 black-holed",
+        "2 refused",
+    ):
+        assert label in text, label
     assert result["memory"]["bytes_per_held_lock"] > 0
     assert result["memory"]["garbage_after_release"] == 0
     assert result["garbage_keys"] == []
@@ -58,6 +111,9 @@ def test_bench_against_given_servers_leaves_no_keys(
     assert bench.run([url], json_output=True, quick=True) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["redlock"]["servers"] == 1
+    # the faults case runs on servers the bench starts itself, never on a user's servers
+    assert result["faults"]["servers"] == 5
+    assert _positive_number(result["faults"]["hung_1_p50_us"])
     for field in FIELDS["redlock"]:
         assert _positive_number(result["redlock"][field]), field
     client = fencelock_server.client()  # type: ignore[attr-defined]
