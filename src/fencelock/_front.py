@@ -25,7 +25,6 @@ from .options import (
     seconds,
 )
 
-
 #: Validated option sets kept by their raw arguments (a Lock per key validates nothing twice).
 _built: dict[tuple[object, ...], LockOptions] = {}
 _BUILT_MAX = 512
@@ -53,7 +52,7 @@ def _options(args: tuple[object, ...]) -> LockOptions:
     except TypeError:  # unhashable: validation will say what is wrong
         cache_key, options = (), None
     if options is None:
-        options = LockOptions.build(**dict(zip(_FIELDS, args)))
+        options = LockOptions.build(**dict(zip(_FIELDS, args, strict=False)))
         if cache_key:
             if len(_built) >= _BUILT_MAX:
                 _built.clear()

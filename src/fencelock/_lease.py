@@ -35,7 +35,7 @@ class LeaseState:
 
     def __init__(self, definition: Definition, grant: Grant) -> None:
         self._definition = definition
-        self.key = key = definition.key
+        self.key = definition.key
         self.token = grant.token
         self.fence = grant.fence
         self.acquired_at = grant.start  # time.monotonic() when the winning round started

@@ -31,8 +31,8 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from ._core.keys import LockKeys, lock_keys
-from ._scripts import RELEASE
 from ._plain_clients import client_kwargs, describe
+from ._scripts import RELEASE
 from .errors import ConfigError
 from .options import HANDOFF_WINDOW, WAKE_LIFETIME, check_key, check_url, seconds
 

@@ -38,8 +38,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from ._scripts import Script, _load
 from ._plain_clients import client_kwargs, describe
+from ._scripts import Script, _load
 from .errors import ConfigError, FencelockError, StaleFence
 from .options import check_url, seconds
 

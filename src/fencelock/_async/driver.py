@@ -30,7 +30,7 @@ from .._core.effects import (
 from .._core.quorum import Outcome, Tally
 from .._engine.handshake import HandshakeError
 from .._engine.resp import command
-from .._engine.server import Server
+from .._engine.server import Server, makes_suspect
 from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._sync.background import background
 from .connection import AsyncConnection
@@ -113,9 +113,9 @@ def give_back(server: Server, loop: asyncio.AbstractEventLoop, conn: AsyncConnec
 
 
 def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) -> None:
-    """A call failed: a server that timed out becomes suspect (a refusal costs nothing)."""
+    """A call failed: see :func:`fencelock._engine.server.makes_suspect`."""
     server.connection_failed()
-    if isinstance(exc, TimeoutError) and server.failed(f"{type(exc).__name__}: {exc}", timeout_s):
+    if makes_suspect(exc) and server.failed(f"{type(exc).__name__}: {exc}", timeout_s):
         background().watch(server)
 
 

@@ -97,7 +97,8 @@ class Lease(LeaseState):
         self._cancelled_body = False
 
     async def extend(self, ttl: Seconds | None = None) -> None:
-        """Restart the lease at ``ttl`` seconds on a majority; see :meth:`fencelock.Lease.extend`."""
+        """Restart the lease at ``ttl`` seconds on a majority (see
+        :meth:`fencelock.Lease.extend`)."""
         self._extended(await self._driver.run(self._extend_flow(ttl)))
 
     async def release(self) -> None:

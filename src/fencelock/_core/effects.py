@@ -4,19 +4,17 @@ A flow is a generator: it yields an effect, the driver performs it (sockets, clo
 sends the answer back in. The drivers decide nothing; every choice (which servers, when to stop
 a round, what a reply means) is carried by the effect itself, so one flow serves both front ends.
 
-| effect        | the driver does                                             | answer                 |
-|---------------|-------------------------------------------------------------|------------------------|
-| ``NOW``       | reads the monotonic clock                                   | float seconds          |
-| ``Broadcast`` | runs one script on every target server in parallel, votes   | the round's ``Tally``  |
-|               | recorded with ``classify`` until ``stop(tally)`` or budget  |                        |
-| ``SETTLE``    | waits for the last broadcast's stragglers (to its deadline) | None (votes go to the  |
-|               |                                                             | broadcast's tally)     |
-| ``Pause``     | sleeps up to ``delay_s``, woken early by a wake element     | True if woken          |
-| ``Repeat``    | repeats a script in the background on servers that did not  | None                   |
-|               | answer, until one answer more than the first (or ``until``) |                        |
-| ``IDENTITIES``| reads each server's last known identity (no I/O)            | tuple of ``Identity``  |
-| ``IDENTIFY``  | connects (in parallel, within ``budget_s``) to the servers  | tuple of ``Identity``  |
-|               | whose identity is unknown and that are not suspect          | (None: still unknown)  |
+- ``NOW``: the driver reads the monotonic clock; answer: float seconds.
+- ``Broadcast``: runs one script on every target server in parallel, recording each vote with
+  ``classify`` until ``stop(tally)`` holds or the budget ends; answer: None (votes go to the
+  broadcast's ``tally``).
+- ``SETTLE``: waits for the last broadcast's stragglers, to its deadline; answer: None.
+- ``Pause``: sleeps up to ``delay_s``, woken early by a wake element; answer: True if woken.
+- ``Repeat``: repeats a script in the background on servers that did not answer, until one
+  answer more than the first (or ``until_s``); answer: None.
+- ``IDENTITIES``: each server's last known identity, no I/O; answer: a tuple (None: unknown).
+- ``Identify``: connects, in parallel within ``budget_s``, to the servers whose identity is
+  unknown and that are not suspect; answer: as for ``IDENTITIES``.
 """
 
 from __future__ import annotations
@@ -116,6 +114,7 @@ class Identity(Protocol):
 
     @property
     def role(self) -> str: ...
+
 
 Flow = Generator[Effect, Any, T]
 """A flow: yields effects, receives their answers, returns a verdict of type ``T``."""

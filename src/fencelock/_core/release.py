@@ -19,7 +19,9 @@ from .rounds import lost_for_sure
 from .verdicts import silent, votes
 
 
-def release_round(plan: LockPlan, token: str, targets: tuple[int, ...] | None = None) -> Flow[Tally]:
+def release_round(
+    plan: LockPlan, token: str, targets: tuple[int, ...] | None = None
+) -> Flow[Tally]:
     """Release ``token`` on ``targets`` (default: every server); returns the round's tally."""
     targets = plan.everyone if targets is None else targets
     tally = Tally(plan.n)

@@ -8,6 +8,7 @@ child drops every inherited connection without touching the parent's sockets.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -47,10 +48,8 @@ def _server_for(spec: object) -> Server:
         server = None
     if server is None:
         server = server_for_address(from_client(spec))
-        try:
+        with contextlib.suppress(TypeError):
             _by_client[spec] = server
-        except TypeError:
-            pass
     return server
 
 
@@ -99,10 +98,8 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     for server in _servers.values():
         for conn in server.forget_connections():
-            try:
+            with contextlib.suppress(Exception):
                 conn.close()  # closes our fd only: the parent's socket stays open
-            except Exception:
-                pass
     for hook in _fork_hooks:
         hook()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._core.health import Health
 from .address import Address
-from .handshake import Identity
+from .handshake import HandshakeError, Identity
 
 #: Late repeats queued per server at the most (older ones are dropped: their keys expire).
 LATE_MAX = 10_000
@@ -32,6 +32,13 @@ class LateCall:
     until: float
     answered: int = 0
     due: float = 0.0
+
+
+def makes_suspect(exc: BaseException) -> bool:
+    """Timeouts and connection failures (refused, reset) make a server suspect: asking it
+    again in every round would cost every caller the same wait or the same failed connect. A
+    refused handshake (a wrong password) does not, so that its error keeps showing."""
+    return isinstance(exc, TimeoutError | ConnectionError) and not isinstance(exc, HandshakeError)
 
 
 class Server:

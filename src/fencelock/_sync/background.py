@@ -12,6 +12,7 @@ One thread and one selector for all servers of the process; nothing here blocks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import socket
@@ -58,7 +59,7 @@ class _Job:
 
     def failed(self, exc: BaseException) -> None:
         self.conn.close()
-        if isinstance(exc, TimeoutError):  # a refusal costs nothing: only silence is suspect
+        if isinstance(exc, TimeoutError | ConnectionError):
             self.server.failed(f"{type(exc).__name__}: {exc}")
 
 
@@ -117,7 +118,7 @@ class _LateBatch(_Job):
     def replied(self, replies: list[object]) -> bool:
         super().replied(replies)
         now = time.monotonic()
-        for call, reply in zip(self.calls, replies):
+        for call, reply in zip(self.calls, replies, strict=False):
             if is_noscript(reply):
                 self.server.loaded.discard(BY_NAME[call.script].sha)
                 call.due = now
@@ -177,7 +178,11 @@ class Background:
         self._post(lambda: self._watched.add(server))
 
     def repeat(
-        self, server: Server, script: str, keys: tuple[str, ...], args: tuple[str | int, ...],
+        self,
+        server: Server,
+        script: str,
+        keys: tuple[str, ...],
+        args: tuple[str | int, ...],
         until: float,
     ) -> None:
         server.late.append(LateCall(script, keys, args, until, due=time.monotonic()))
@@ -185,10 +190,8 @@ class Background:
 
     def _post(self, action: Callable[[], None]) -> None:
         self._inbox.append(action)
-        try:
+        with contextlib.suppress(OSError):  # a full wake pipe: the loop is awake anyway
             self._wake_w.send(b"\0")
-        except OSError:  # the wake pipe is full: the loop is awake anyway
-            pass
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -204,10 +207,8 @@ class Background:
     def _drop(self, job: _Job) -> None:
         if self._jobs.get(job.fd) is job:
             del self._jobs[job.fd]
-            try:
+            with contextlib.suppress(KeyError, ValueError, OSError):
                 self._selector.unregister(job.fd)
-            except (KeyError, ValueError, OSError):
-                pass
         self._busy.discard(job.server)
 
     def _run(self) -> None:

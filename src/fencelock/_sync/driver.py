@@ -10,6 +10,7 @@ go to the background thread unless the flow's next effect waits for them (``SETT
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import threading
 import time
@@ -28,10 +29,10 @@ from .._core.effects import (
     Repeat,
 )
 from .._core.quorum import Outcome, Tally
-from .._engine.registry import on_fork
 from .._engine.handshake import HandshakeError
+from .._engine.registry import on_fork
 from .._engine.resp import command
-from .._engine.server import Server
+from .._engine.server import Server, makes_suspect
 from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._scripts import Script
 from .background import background
@@ -306,10 +307,8 @@ class Driver:
         effect = round_.effect
         for fd, call in list(round_.calls.items()):
             del round_.calls[fd]
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 selector.unregister(fd)
-            except (KeyError, ValueError):
-                pass
             background().adopt(
                 call.server,
                 call.conn,
@@ -321,12 +320,11 @@ class Driver:
             )
 
     def _failed(self, server: Server, exc: BaseException) -> None:
-        """A call failed: a server that timed out becomes suspect (a refusal costs nothing,
-        so a refusing server is simply asked again next time)."""
+        """A call failed: the server is suspect (skipped by rounds, probed in the background)
+        when it timed out or could not be reached; a handshake refused (a wrong password) is
+        not, so that its error keeps showing."""
         server.connection_failed()
-        if isinstance(exc, TimeoutError) and server.failed(
-            f"{type(exc).__name__}: {exc}", self.timeout_s
-        ):
+        if makes_suspect(exc) and server.failed(f"{type(exc).__name__}: {exc}", self.timeout_s):
             background().watch(server)
 
     # -- waiting ------------------------------------------------------------------------------

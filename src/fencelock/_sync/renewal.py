@@ -8,6 +8,7 @@ cannot starve them; a deadline check is cheap and runs on the scheduler thread i
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
@@ -60,10 +61,8 @@ class _Scheduler:
                     timeout = None if not self._heap else self._heap[0][0] - time.monotonic()
                     self._cv.wait(timeout)
                 _, _, action = heapq.heappop(self._heap)
-            try:
+            with contextlib.suppress(Exception):  # an action must never stop the timers
                 action()
-            except Exception:  # an action must never stop the timers
-                pass
 
 
 _scheduler: _Scheduler | None = None
