@@ -15,22 +15,12 @@ import time
 import weakref
 from typing import Any, TypeVar
 
-from .._core.effects import (
-    IDENTITIES,
-    NOW,
-    SETTLE,
-    Broadcast,
-    Effect,
-    Flow,
-    Identify,
-    NotSent,
-    Pause,
-    Repeat,
-)
-from .._core.quorum import Outcome, Tally
+from .._core import effects as fx
+from .._core.quorum import Tally
+from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.resp import command
-from .._engine.server import Server, makes_suspect
+from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._sync.background import background
 from .connection import AsyncConnection
@@ -119,12 +109,6 @@ def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) 
         background().watch(server)
 
 
-def _identified(result: object) -> tuple[Outcome, object]:
-    if isinstance(result, BaseException):
-        return Outcome.ERROR, result
-    return Outcome.GRANTED, result
-
-
 class _Call:
     """One server's part of a round: a task, and whether its late NOSCRIPT may still run."""
 
@@ -138,7 +122,7 @@ class _Call:
 
 
 class _Round:
-    def __init__(self, effect: Broadcast, deadline: float) -> None:
+    def __init__(self, effect: fx.Broadcast, deadline: float) -> None:
         self.effect = effect
         self.deadline = deadline
         self.calls: dict[asyncio.Future[Any], _Call] = {}
@@ -147,7 +131,7 @@ class _Round:
     async def call(self, call: _Call) -> object:
         effect = self.effect
         server = call.server
-        if not effect.script:  # a bare handshake (Identify)
+        if not effect.script:  # a bare handshake (fx.Identify)
             script, payload = None, PING
         else:
             script, payload = script_call(server, effect.script, effect.keys, effect.args)
@@ -178,7 +162,7 @@ class AsyncDriver:
         self.servers = servers
         self.timeout_s = timeout_s
 
-    async def run(self, flow: Flow[T]) -> T:
+    async def run(self, flow: fx.Flow[T]) -> T:
         """Drive ``flow`` to its end. A cancellation (or any exception) while an effect is
         performed is thrown into the flow; the flow's cleanup then runs in a task of its own
         that a second cancellation cannot stop, and the exception propagates."""
@@ -195,7 +179,7 @@ class AsyncDriver:
                 self._park(pending)
                 raise
             try:
-                if pending is not None and isinstance(effect, Broadcast | Pause):
+                if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
                     self._park(pending)
                     pending = None
                 answer, pending = await self._perform(effect, pending)
@@ -203,7 +187,7 @@ class AsyncDriver:
                 rest = keep(asyncio.ensure_future(self._finish(flow, exc, pending)))
                 return await asyncio.shield(rest)
 
-    async def _finish(self, flow: Flow[T], error: BaseException, pending: _Round | None) -> T:
+    async def _finish(self, flow: fx.Flow[T], error: BaseException, pending: _Round | None) -> T:
         """Throw ``error`` into ``flow`` and perform what it yields while cleaning up."""
         answer: Any = None
         thrown: BaseException | None = error
@@ -216,47 +200,47 @@ class AsyncDriver:
                 return result
             thrown = None
             try:
-                if pending is not None and isinstance(effect, Broadcast | Pause):
+                if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
                     self._park(pending)
                     pending = None
                 answer, pending = await self._perform(effect, pending)
             except BaseException as exc:
                 answer, thrown = None, exc
 
-    async def _perform(self, effect: Effect, pending: _Round | None) -> tuple[Any, _Round | None]:
-        if effect is NOW:
+    async def _perform(
+        self, effect: fx.Effect, pending: _Round | None
+    ) -> tuple[Any, _Round | None]:
+        if effect is fx.NOW:
             return time.monotonic(), pending
-        if isinstance(effect, Broadcast):
+        if isinstance(effect, fx.Broadcast):
             return await self._broadcast(effect)
-        if effect is SETTLE:
+        if effect is fx.SETTLE:
             if pending is None:
                 return None, None  # every call of the last round has answered already
             await self._collect(pending, settle=True)
             return pending.effect.tally, None
-        if isinstance(effect, Pause):
+        if isinstance(effect, fx.Pause):
             return await self._pause(effect), pending
-        if isinstance(effect, Repeat):
-            until = time.monotonic() + effect.until_s
-            for index in effect.targets:
-                background().repeat(
-                    self.servers[index], effect.script, effect.keys, effect.args, until
-                )
+        if isinstance(effect, fx.Repeat):
+            background().repeat(self.servers, effect)
             return None, pending
-        if effect is IDENTITIES:
+        if effect is fx.IDENTITIES:
             return tuple(server.identity for server in self.servers), pending
-        if isinstance(effect, Identify):
+        if isinstance(effect, fx.Identify):
             await self._identify(effect)
             return tuple(server.identity for server in self.servers), pending
         raise TypeError(f"unknown effect {effect!r}")
 
-    async def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
+    async def _broadcast(self, effect: fx.Broadcast) -> tuple[Tally, _Round | None]:
         loop = asyncio.get_running_loop()
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
         for index in effect.targets:
             server = self.servers[index]
             if server.health.suspect:
-                tally.record(index, *effect.classify(NotSent(f"suspect: {server.health.reason}")))
+                tally.record(
+                    index, *effect.classify(fx.NotSent(f"suspect: {server.health.reason}"))
+                )
                 continue
             call = _Call(index, server, shared(server, loop))
             task = loop.create_task(round_.call(call))
@@ -269,17 +253,13 @@ class AsyncDriver:
             raise
         return tally, (round_ if round_.calls else None)
 
-    async def _identify(self, effect: Identify) -> None:
+    async def _identify(self, effect: fx.Identify) -> None:
         """A handshake (and a PING) with every server not identified yet and not suspect."""
-        targets = tuple(
-            index
-            for index, server in enumerate(self.servers)
-            if server.identity is None and not server.health.suspect
-        )
+        targets = unidentified(self.servers)
         if not targets:
             return
         tally = Tally(len(self.servers))
-        probe = Broadcast("", targets, (), (), _identified, None, effect.budget_s, tally)
+        probe = fx.Broadcast("", targets, (), (), classify_handshake, None, effect.budget_s, tally)
         _, rest = await self._broadcast(probe)
         self._park(rest)
 
@@ -331,7 +311,7 @@ class AsyncDriver:
             task.add_done_callback(functools.partial(_straggler_done, call, suspect, give_up))
         round_.calls.clear()
 
-    async def _pause(self, effect: Pause) -> bool:
+    async def _pause(self, effect: fx.Pause) -> bool:
         delay = effect.delay_s
         if delay < 0.001:
             return False

@@ -83,3 +83,10 @@ def _flag_classifier(script: str) -> Callable[[object], tuple[Outcome, object]]:
 classify_release = _flag_classifier("release")
 classify_extend = _flag_classifier("extend")
 classify_commit = _flag_classifier("fence_commit")
+
+
+def classify_handshake(result: object) -> tuple[Outcome, object]:
+    """A vote from an ``Identify`` handshake: any reply counts as an answer."""
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    return Outcome.GRANTED, result

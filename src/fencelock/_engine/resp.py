@@ -78,11 +78,19 @@ def command(*parts: bytes | str | int) -> bytes:
     if not parts:
         raise ValueError("a command needs at least its name")
     out = [b"*%d\r\n" % len(parts)]
+    append = out.append
     for part in parts:
-        data = _part(part)
-        out.append(b"$%d\r\n" % len(data))
-        out.append(data)
-        out.append(b"\r\n")
+        # exact types first (no bool): this runs for every command sent
+        data: bytes
+        if type(part) is str:
+            data = part.encode()
+        elif type(part) is bytes:
+            data = part
+        elif type(part) is int:
+            data = b"%d" % part
+        else:
+            data = _part(part)
+        append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 
 

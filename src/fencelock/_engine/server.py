@@ -104,3 +104,13 @@ class Server:
     def __repr__(self) -> str:
         state = f"suspect ({self.health.reason})" if self.health.suspect else "healthy"
         return f"Server({self.name}, {state})"
+
+
+def unidentified(servers: tuple[Server, ...]) -> tuple[int, ...]:
+    """Indexes of the servers whose identity is unknown and that are not suspect (an
+    ``Identify`` effect handshakes with these)."""
+    return tuple(
+        index
+        for index, server in enumerate(servers)
+        if server.identity is None and not server.health.suspect
+    )

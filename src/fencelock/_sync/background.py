@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .._core.effects import Repeat
 from .._engine.registry import on_fork
 from .._engine.server import LateCall, Server
 from .._engine.wire import PING, full_call, is_noscript, script_call
@@ -177,16 +178,14 @@ class Background:
         """Probe ``server`` until it answers (it just became suspect)."""
         self._post(lambda: self._watched.add(server))
 
-    def repeat(
-        self,
-        server: Server,
-        script: str,
-        keys: tuple[str, ...],
-        args: tuple[str | int, ...],
-        until: float,
-    ) -> None:
-        server.late.append(LateCall(script, keys, args, until, due=time.monotonic()))
-        self._post(lambda: self._watched.add(server))
+    def repeat(self, servers: tuple[Server, ...], effect: Repeat) -> None:
+        """Queue a ``Repeat`` effect's script for each of its target servers."""
+        now = time.monotonic()
+        until = now + effect.until_s
+        for index in effect.targets:
+            server = servers[index]
+            server.late.append(LateCall(effect.script, effect.keys, effect.args, until, due=now))
+            self._post(lambda s=server: self._watched.add(s))  # type: ignore[misc]
 
     def _post(self, action: Callable[[], None]) -> None:
         self._inbox.append(action)

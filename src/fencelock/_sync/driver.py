@@ -28,11 +28,12 @@ from .._core.effects import (
     Pause,
     Repeat,
 )
-from .._core.quorum import Outcome, Tally
+from .._core.quorum import Tally
+from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import command
-from .._engine.server import Server, makes_suspect
+from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._scripts import Script
 from .background import background
@@ -82,12 +83,6 @@ def retry_on_new_connection(call: _Call, exc: BaseException) -> bool:
         and isinstance(exc, ConnectionError)
         and not isinstance(exc, HandshakeError)
     )
-
-
-def _identified(result: object) -> tuple[Outcome, object]:
-    if isinstance(result, BaseException):
-        return Outcome.ERROR, result
-    return Outcome.GRANTED, result
 
 
 class _Round:
@@ -162,11 +157,7 @@ class Driver:
         if isinstance(effect, Pause):
             return self._pause(effect), pending
         if isinstance(effect, Repeat):
-            until = time.monotonic() + effect.until_s
-            for index in effect.targets:
-                background().repeat(
-                    self.servers[index], effect.script, effect.keys, effect.args, until
-                )
+            background().repeat(self.servers, effect)
             return None, pending
         if effect is IDENTITIES:
             return tuple(server.identity for server in self.servers), pending
@@ -197,15 +188,11 @@ class Driver:
 
     def _identify(self, effect: Identify) -> None:
         """A handshake (and a PING) with every server not identified yet and not suspect."""
-        targets = tuple(
-            index
-            for index, server in enumerate(self.servers)
-            if server.identity is None and not server.health.suspect
-        )
+        targets = unidentified(self.servers)
         if not targets:
             return
         tally = Tally(len(self.servers))
-        probe = Broadcast("", targets, (), (), _identified, None, effect.budget_s, tally)
+        probe = Broadcast("", targets, (), (), classify_handshake, None, effect.budget_s, tally)
         round_ = _Round(probe, time.monotonic() + effect.budget_s)
         try:
             for index in targets:
