@@ -40,6 +40,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import redis
+
+from ._engine.registry import server_started
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -431,6 +433,9 @@ class Server:
                 outcome = self._wait_ready(deadline)
                 if outcome == "ready":
                     self._started_once = True
+                    # whatever this process's locks knew of this address is about a server
+                    # that is gone (a test reuses ports): forget its health and identity
+                    server_started(self._host, self.port)
                     return self
                 tail = self._log_tail(log_start)
                 self._reap(timeout=1.0)

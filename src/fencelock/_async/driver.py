@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from .._core import effects as fx
 from .._core.quorum import Tally
+from .._core.health import skip_suspects
 from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.resp import command
@@ -162,6 +163,9 @@ class AsyncDriver:
         self.servers = servers
         self.timeout_s = timeout_s
 
+    def _suspects(self) -> tuple[bool, ...]:
+        return tuple(server.health.suspect for server in self.servers)
+
     async def run(self, flow: fx.Flow[T]) -> T:
         """Drive ``flow`` to its end. A cancellation (or any exception) while an effect is
         performed is thrown into the flow; the flow's cleanup then runs in a task of its own
@@ -235,12 +239,12 @@ class AsyncDriver:
         loop = asyncio.get_running_loop()
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
+        skip = skip_suspects(tally, effect.targets, self._suspects())
         for index in effect.targets:
             server = self.servers[index]
-            if server.health.suspect:
-                tally.record(
-                    index, *effect.classify(fx.NotSent(f"suspect: {server.health.reason}"))
-                )
+            if skip and server.health.suspect:
+                reason = fx.NotSent(f"suspect: {server.health.reason}")
+                tally.record(index, *effect.classify(reason))
                 continue
             call = _Call(index, server, shared(server, loop))
             task = loop.create_task(round_.call(call))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .quorum import Tally
+
 #: First probe this long (s) after a server became suspect; doubled up to PROBE_MAX_S.
 PROBE_FIRST_S = 0.05
 PROBE_MAX_S = 0.5
@@ -49,3 +51,11 @@ class Health:
     def probe_failed(self, now: float) -> None:
         self.probe_delay_s = min(PROBE_MAX_S, self.probe_delay_s * 2)
         self.next_probe_at = now + self.probe_delay_s
+
+
+def skip_suspects(tally: Tally, targets: tuple[int, ...], suspect: tuple[bool, ...]) -> bool:
+    """Whether a round may leave its suspect targets out: only while the others can still
+    make the majority. With a majority suspect, asking everyone costs at most one server
+    timeout and is the only way the round can succeed (the servers may be back already)."""
+    healthy = sum(1 for index in targets if not suspect[index])
+    return tally.granted + healthy >= tally.needed

@@ -88,6 +88,23 @@ def resolve(servers: object) -> tuple[Server, ...]:
     return tuple(result)
 
 
+def server_started(host: str, port: int) -> None:
+    """A server process was (re)started at ``host:port`` (``fencelock.servers`` says so): what
+    the engine knew of that address (suspect, cached scripts) was about another process; the
+    next handshake reports the new identity. Idle connections are found stale on use."""
+    loopback = host in _LOOPBACK
+    for address, server in list(_servers.items()):
+        if address.port != port or address.path is not None:
+            continue
+        if address.host == host or (loopback and address.host in _LOOPBACK):
+            server.answered()
+            server.recheck = True
+            server.loaded.clear()
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 def on_fork(hook: Callable[[], None]) -> None:
     """Run ``hook`` in a forked child, after the registry dropped inherited connections."""
     _fork_hooks.append(hook)

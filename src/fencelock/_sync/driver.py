@@ -29,6 +29,7 @@ from .._core.effects import (
     Repeat,
 )
 from .._core.quorum import Tally
+from .._core.health import skip_suspects
 from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
@@ -119,6 +120,9 @@ class Driver:
         self.servers = servers
         self.timeout_s = timeout_s
 
+    def _suspects(self) -> tuple[bool, ...]:
+        return tuple(server.health.suspect for server in self.servers)
+
     def run(self, flow: Flow[T]) -> T:
         """Drive ``flow`` to its end; an exception while performing an effect (a
         KeyboardInterrupt, say) is thrown into the flow, which cleans up and re-raises."""
@@ -172,9 +176,10 @@ class Driver:
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
         try:
+            skip = skip_suspects(tally, effect.targets, self._suspects())
             for index in effect.targets:
                 server = self.servers[index]
-                if server.health.suspect:
+                if skip and server.health.suspect:
                     reason = NotSent(f"suspect: {server.health.reason}")
                     tally.record(index, *effect.classify(reason))
                     continue
