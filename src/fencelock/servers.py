@@ -40,10 +40,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import redis
-
-from ._engine.registry import server_started
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from ._engine.registry import server_started
 
 if TYPE_CHECKING:
     from .chaos.proxy import Proxy

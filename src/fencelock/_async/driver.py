@@ -16,13 +16,13 @@ import weakref
 from typing import Any, TypeVar
 
 from .._core import effects as fx
-from .._core.quorum import Tally
 from .._core.health import skip_suspects
+from .._core.quorum import Tally
 from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.resp import command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import PING, full_call, is_noscript, script_call
+from .._engine.wire import PING, Calls, full_call, is_noscript
 from .._sync.background import background
 from .connection import AsyncConnection
 
@@ -123,8 +123,9 @@ class _Call:
 
 
 class _Round:
-    def __init__(self, effect: fx.Broadcast, deadline: float) -> None:
+    def __init__(self, effect: fx.Broadcast, deadline: float, encoder: Calls) -> None:
         self.effect = effect
+        self.encoder = encoder
         self.deadline = deadline
         self.calls: dict[asyncio.Future[Any], _Call] = {}
         self.collecting = True  # False once parked: a late NOSCRIPT runs only if effect.land
@@ -135,7 +136,7 @@ class _Round:
         if not effect.script:  # a bare handshake (fx.Identify)
             script, payload = None, PING
         else:
-            script, payload = script_call(server, effect.script, effect.keys, effect.args)
+            script, payload = self.encoder.encode(server, effect.script, effect.keys, effect.args)
         try:
             replies = await call.conn.request(payload, 1)
         except ConnectionError as exc:
@@ -162,6 +163,7 @@ class AsyncDriver:
     def __init__(self, servers: tuple[Server, ...], timeout_s: float) -> None:
         self.servers = servers
         self.timeout_s = timeout_s
+        self._calls = Calls()
 
     def _suspects(self) -> tuple[bool, ...]:
         return tuple(server.health.suspect for server in self.servers)
@@ -238,7 +240,7 @@ class AsyncDriver:
     async def _broadcast(self, effect: fx.Broadcast) -> tuple[Tally, _Round | None]:
         loop = asyncio.get_running_loop()
         tally = effect.tally
-        round_ = _Round(effect, time.monotonic() + effect.budget_s)
+        round_ = _Round(effect, time.monotonic() + effect.budget_s, self._calls)
         skip = skip_suspects(tally, effect.targets, self._suspects())
         for index in effect.targets:
             server = self.servers[index]

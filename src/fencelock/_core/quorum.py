@@ -35,10 +35,16 @@ class Tally:
 
     n: int
     votes: dict[int, tuple[Outcome, object]] = field(default_factory=dict)
+    # counts kept as votes are recorded: a round asks won/lost after every reply
+    _counts: dict[Outcome, int] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for outcome, _ in self.votes.values():
+            self._counts[outcome] = self._counts.get(outcome, 0) + 1
 
     @property
     def needed(self) -> int:
-        return majority(self.n)
+        return self.n // 2 + 1 if self.n >= 1 else majority(self.n)
 
     def record(self, index: int, outcome: Outcome, detail: object = None) -> None:
         if not 0 <= index < self.n:
@@ -46,13 +52,14 @@ class Tally:
         if index in self.votes:
             raise ValueError(f"server {index} already voted in this round")
         self.votes[index] = (outcome, detail)
+        self._counts[outcome] = self._counts.get(outcome, 0) + 1
 
     def count(self, outcome: Outcome) -> int:
-        return sum(1 for o, _ in self.votes.values() if o is outcome)
+        return self._counts.get(outcome, 0)
 
     @property
     def granted(self) -> int:
-        return self.count(Outcome.GRANTED)
+        return self._counts.get(Outcome.GRANTED, 0)
 
     @property
     def pending(self) -> int:

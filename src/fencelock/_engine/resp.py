@@ -77,10 +77,15 @@ def command(*parts: bytes | str | int) -> bytes:
     """
     if not parts:
         raise ValueError("a command needs at least its name")
-    out = [b"*%d\r\n" % len(parts)]
+    return b"*%d\r\n" % len(parts) + bulks(parts)
+
+
+def bulks(parts: tuple[bytes | str | int, ...]) -> bytes:
+    """``parts`` as RESP bulk strings, without an array header (the tail of a command whose
+    head was encoded once)."""
+    out: list[bytes] = []
     append = out.append
     for part in parts:
-        # exact types first (no bool): this runs for every command sent
         data: bytes
         if type(part) is str:
             data = part.encode()

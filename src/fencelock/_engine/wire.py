@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .._scripts import BY_NAME, Script
-from .resp import ReplyError, command
+from .resp import ReplyError, bulks, command
 from .server import Server
 
 
@@ -18,17 +18,48 @@ def script_call(
     return script, command("EVAL", script.source, script.numkeys, *keys, *args)
 
 
+class Calls:
+    """:func:`script_call` with the constant part of each call (command, script, keys)
+    encoded once; one per lock (its keys never change)."""
+
+    __slots__ = ("_prefixes",)
+
+    def __init__(self) -> None:
+        self._prefixes: dict[tuple[str, bool, tuple[str, ...], int], bytes] = {}
+
+    def encode(
+        self, server: Server, name: str, keys: tuple[str, ...], args: tuple[str | int, ...]
+    ) -> tuple[Script, bytes]:
+        script = BY_NAME[name]
+        loaded = script.sha in server.loaded
+        cache_key = (name, loaded, keys, len(args))
+        prefix = self._prefixes.get(cache_key)
+        if prefix is None:
+            if len(self._prefixes) >= PREFIXES_MAX:
+                self._prefixes.clear()
+            head = command(
+                "EVALSHA" if loaded else "EVAL",
+                script.sha if loaded else script.source,
+                script.numkeys,
+                *keys,
+            )
+            # the array header counts the arguments that follow
+            count = 3 + len(keys) + len(args)
+            prefix = b"*%d\r\n" % count + head[head.index(b"\r\n") + 2 :]
+            self._prefixes[cache_key] = prefix
+        return script, prefix + bulks(args)
+
+
+#: Encoded call prefixes kept per lock, at the most.
+PREFIXES_MAX = 64
+
+
 def full_call(script: Script, keys: tuple[str, ...], args: tuple[str | int, ...]) -> bytes:
     return command("EVAL", script.source, script.numkeys, *keys, *args)
 
 
 def is_noscript(reply: object) -> bool:
     return isinstance(reply, ReplyError) and reply.kind == "NOSCRIPT"
-
-
-def as_result(reply: object) -> object:
-    """A reply as a round's result: an error reply becomes the exception it is."""
-    return reply
 
 
 PING = command("PING")

@@ -11,6 +11,8 @@ go to the background thread unless the flow's next effect waits for them (``SETT
 from __future__ import annotations
 
 import contextlib
+import math
+import select
 import selectors
 import threading
 import time
@@ -28,14 +30,14 @@ from .._core.effects import (
     Pause,
     Repeat,
 )
-from .._core.quorum import Tally
 from .._core.health import skip_suspects
+from .._core.quorum import Tally
 from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import PING, full_call, is_noscript, script_call
+from .._engine.wire import PING, Calls, full_call, is_noscript
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -95,19 +97,49 @@ class _Round:
         self.calls: dict[int, _Call] = {}
 
 
+class _Poller:
+    """``select.poll`` behind the few calls the driver makes: registering a descriptor costs
+    no system call (an epoll selector costs two per call: register and unregister)."""
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+
+    def register(self, fd: int, events: int) -> None:
+        self._poll.register(fd, _mask(events))
+
+    def modify(self, fd: int, events: int) -> None:
+        self._poll.modify(fd, _mask(events))
+
+    def unregister(self, fd: int) -> None:
+        self._poll.unregister(fd)
+
+    def select(self, timeout_s: float) -> list[int]:
+        """Descriptors ready (or failed) within ``timeout_s`` seconds."""
+        return [fd for fd, _ in self._poll.poll(math.ceil(timeout_s * 1000.0))]
+
+
+def _mask(events: int) -> int:
+    mask = 0
+    if events & selectors.EVENT_READ:
+        mask |= select.POLLIN
+    if events & selectors.EVENT_WRITE:
+        mask |= select.POLLOUT
+    return mask
+
+
 _local = threading.local()
 
 
-def _selector() -> selectors.BaseSelector:
-    selector: selectors.BaseSelector | None = getattr(_local, "selector", None)
-    if selector is None:
-        selector = _local.selector = selectors.DefaultSelector()
-    return selector
+def _selector() -> _Poller:
+    poller: _Poller | None = getattr(_local, "poller", None)
+    if poller is None:
+        poller = _local.poller = _Poller()
+    return poller
 
 
 def _reset_after_fork() -> None:
     global _local
-    _local = threading.local()  # the parent's epoll instance must not be shared
+    _local = threading.local()  # start afresh in the child
 
 
 on_fork(_reset_after_fork)
@@ -119,6 +151,7 @@ class Driver:
     def __init__(self, servers: tuple[Server, ...], timeout_s: float) -> None:
         self.servers = servers
         self.timeout_s = timeout_s
+        self._calls = Calls()
 
     def _suspects(self) -> tuple[bool, ...]:
         return tuple(server.health.suspect for server in self.servers)
@@ -183,7 +216,9 @@ class Driver:
                     reason = NotSent(f"suspect: {server.health.reason}")
                     tally.record(index, *effect.classify(reason))
                     continue
-                script, payload = script_call(server, effect.script, effect.keys, effect.args)
+                script, payload = self._calls.encode(
+                    server, effect.script, effect.keys, effect.args
+                )
                 self._start(round_, _Call(index, server, take(server), script, payload))
             self._collect(round_, settle=False)
         except BaseException:
@@ -213,7 +248,7 @@ class Driver:
         try:
             conn.start(call.payload, 1)
             fd = conn.fileno()
-            _selector().register(fd, conn.events(), None)
+            _selector().register(fd, conn.events())
         except Exception as exc:
             conn.close()
             if retry_on_new_connection(call, exc):
@@ -238,8 +273,8 @@ class Driver:
             timeout = round_.deadline - time.monotonic()
             if timeout <= 0:
                 break
-            for key, _ in selector.select(timeout):
-                call = calls.get(key.fd)
+            for fd in selector.select(timeout):
+                call = calls.get(fd)
                 if call is None:
                     continue
                 self._advance(round_, call, selector)
@@ -252,7 +287,7 @@ class Driver:
                 self._failed(call.server, exc)
                 tally.record(call.index, *effect.classify(exc))
 
-    def _advance(self, round_: _Round, call: _Call, selector: selectors.BaseSelector) -> None:
+    def _advance(self, round_: _Round, call: _Call, selector: _Poller) -> None:
         effect = round_.effect
         conn = call.conn
         fd = conn.fileno()
@@ -271,7 +306,7 @@ class Driver:
             effect.tally.record(call.index, *effect.classify(exc))
             return
         if replies is None:
-            selector.modify(fd, conn.events(), None)
+            selector.modify(fd, conn.events())
             return
         call.retried = True  # it answered: a later failure is not a stale connection's
         server = call.server
@@ -282,7 +317,7 @@ class Driver:
             server.loaded.discard(script.sha)
             call.payload = full_call(script, effect.keys, effect.args)
             conn.start(call.payload, 1)
-            selector.modify(fd, conn.events(), None)
+            selector.modify(fd, conn.events())
             return
         if script is not None:
             server.loaded.add(script.sha)
