@@ -70,12 +70,16 @@ class Definition:
         self.holder: Callable[[], str] = (
             (lambda: holder_info(purpose)) if options.holder_info else _no_info
         )
-        n = len(servers)
+        self.warn()
+
+    def warn(self) -> None:
+        """Warn about a server count that tolerates fewer failures than it could."""
+        n = len(self.servers)
         if n > 1 and (n % 2 == 0 or n < 3):
             warnings.warn(
                 f"{n} servers: an odd number of at least 3 tolerates the most failures "
                 f"(majority is {n // 2 + 1})",
-                stacklevel=4,
+                stacklevel=5,
             )
 
     @property

@@ -60,6 +60,29 @@ def _options(args: tuple[object, ...]) -> LockOptions:
     return options
 
 
+#: Definitions kept by (servers, key, options): a Lock built per key for a key seen before
+#: costs a dictionary look-up.
+_definitions: dict[tuple[object, ...], Definition] = {}
+_DEFINITIONS_MAX = 4096
+
+
+def _definition(servers: Any, key: str, options: LockOptions) -> Definition:
+    resolved = resolve(servers)
+    cache_key = (resolved, key, options)
+    try:
+        definition = _definitions.get(cache_key)
+    except TypeError:  # an unhashable key: validation will say what is wrong
+        return Definition(resolved, key, options)
+    if definition is None:
+        definition = Definition(resolved, key, options)
+        if len(_definitions) >= _DEFINITIONS_MAX:
+            _definitions.clear()
+        _definitions[cache_key] = definition
+    else:
+        definition.warn()
+    return definition
+
+
 class LockFront:
     """A lock definition: servers, key, lease length, default wait. Safe to share.
 
@@ -114,7 +137,7 @@ class LockFront:
             holder_info,
             purpose,
         )
-        self._setup(Definition(resolve(servers), key, _options(args)))
+        self._setup(_definition(servers, key, _options(args)))
 
     @classmethod
     def _of(cls, definition: Definition) -> Any:

@@ -22,7 +22,7 @@ from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.resp import command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import PING, Calls, full_call, is_noscript
+from .._engine.wire import CALLS, PING, Calls, full_call, is_noscript
 from .._sync.background import background
 from .connection import AsyncConnection
 
@@ -163,7 +163,7 @@ class AsyncDriver:
     def __init__(self, servers: tuple[Server, ...], timeout_s: float) -> None:
         self.servers = servers
         self.timeout_s = timeout_s
-        self._calls = Calls()
+        self._calls = CALLS
 
     def _suspects(self) -> tuple[bool, ...]:
         return tuple(server.health.suspect for server in self.servers)

@@ -59,6 +59,10 @@ def resolve(servers: object) -> tuple[Server, ...]:
     Raises :class:`ConfigError` for an empty list, a wrong type, a malformed URL, or the same
     address given twice (the same server under two names is caught by ``run_id`` later).
     """
+    if isinstance(servers, str):  # the common case, resolved before: one look-up
+        known = _by_url.get(servers)
+        if known is not None:
+            return (known,)
     items: Sequence[object]
     if isinstance(servers, str) or is_client(servers):
         items = (servers,)

@@ -20,7 +20,7 @@ def script_call(
 
 class Calls:
     """:func:`script_call` with the constant part of each call (command, script, keys)
-    encoded once; one per lock (its keys never change)."""
+    encoded once."""
 
     __slots__ = ("_prefixes",)
 
@@ -50,8 +50,11 @@ class Calls:
         return script, prefix + bulks(args)
 
 
-#: Encoded call prefixes kept per lock, at the most.
-PREFIXES_MAX = 64
+#: Encoded call prefixes kept, at the most (one per script, keys and server cache state).
+PREFIXES_MAX = 4096
+
+#: The process's encoder, shared by every driver.
+CALLS = Calls()
 
 
 def full_call(script: Script, keys: tuple[str, ...], args: tuple[str | int, ...]) -> bytes:

@@ -37,7 +37,7 @@ from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import PING, Calls, full_call, is_noscript
+from .._engine.wire import CALLS, PING, full_call, is_noscript
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -151,7 +151,7 @@ class Driver:
     def __init__(self, servers: tuple[Server, ...], timeout_s: float) -> None:
         self.servers = servers
         self.timeout_s = timeout_s
-        self._calls = Calls()
+        self._calls = CALLS
 
     def _suspects(self) -> tuple[bool, ...]:
         return tuple(server.health.suspect for server in self.servers)
