@@ -5,6 +5,7 @@
 
 from ._sync.lock import Lease, Lock
 from .client import Client
+from .decorator import current_lease, locked
 from .errors import (
     ConfigError,
     FencelockError,
@@ -29,4 +30,6 @@ __all__ = [
     "StaleFence",
     "Unavailable",
     "__version__",
+    "current_lease",
+    "locked",
 ]

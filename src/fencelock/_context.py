@@ -20,3 +20,9 @@ def pop_held(owner: object) -> Any:
             _held.set(stack[:pos] + stack[pos + 1 :])
             return stack[pos][1]
     raise RuntimeError("__exit__ without a matching __enter__ in this thread or task")
+
+
+def innermost() -> Any:
+    """The lease pushed last in this thread or task, or None."""
+    stack = _held.get()
+    return stack[-1][1] if stack else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from . import _hooks
 from ._core.acquire import Grant, acquire, try_acquire
 from ._core.effects import Flow
 from ._definition import UNSET, Definition
@@ -176,18 +177,23 @@ class LockFront:
         )
         self._check_open()
         definition = self._definition
-        return acquire(
+        flow = acquire(
             definition.plan,
             wait_s,
             new_token=new_token,
             holder_info=definition.holder,
             rand=random.random,
         )
+        return self._observed(flow) if _hooks.observers else flow
 
     def _try_flow(self) -> Flow[Grant | None]:
         self._check_open()
         definition = self._definition
-        return try_acquire(definition.plan, new_token(), definition.holder())
+        flow = try_acquire(definition.plan, new_token(), definition.holder())
+        return self._observed(flow) if _hooks.observers else flow
+
+    def _observed(self, flow: Flow[Any]) -> Flow[Any]:
+        return _hooks.observe_acquire(flow, self.key, len(self._definition.servers))
 
     def _check_open(self) -> None:
         if self._closed or self._definition.gate.closed:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from . import _hooks
 from ._core.acquire import Grant
 from ._core.effects import Flow
 from ._core.extend import Extension, RenewStep, extend, renew
@@ -100,7 +101,10 @@ class LeaseState:
         expired = self._deadline <= time.monotonic() or self.lost.is_set()
         if not self._claim_release():
             return None
-        return release(self._definition.plan, self.token, expired=expired)
+        flow = release(self._definition.plan, self.token, expired=expired)
+        if _hooks.observers:
+            return _hooks.observe_release(flow, self.key, len(self._definition.servers))
+        return flow
 
     def _renewal_plan(self, every: Seconds | None, max_hold: Seconds | None) -> float:
         """Validate keep_alive's arguments, remember them; returns the first renewal time."""
@@ -129,6 +133,8 @@ class LeaseState:
         if self._released:
             return None
         self._deadline = step.deadline
+        if step.failed and _hooks.observers:
+            _hooks.renewal_failed(self.key, len(self._definition.servers))
         if step.lost_reason is not None:
             self._mark_lost(step.lost_reason)
         if step.stop_reason is not None:
@@ -147,6 +153,8 @@ class LeaseState:
         callbacks = self._take_loss(reason)
         if callbacks is None:
             return
+        if _hooks.observers:
+            _hooks.lease_lost(self.key, len(self._definition.servers), reason)
         self._lost_hook()
         for callback in callbacks:
             self._run_callback(callback)

@@ -31,6 +31,7 @@ from .options import (
 )
 
 L = TypeVar("L", Lock, AsyncLock)
+C = TypeVar("C", bound="_ClientBase[Any]")
 
 #: Option sets a client keeps built, by (ttl, wait) asked of ``lock()``, at the most.
 OPTIONS_CACHE_MAX = 256
@@ -83,6 +84,17 @@ class _ClientBase(Generic[L]):
             raise FencelockError("this client was closed")
         options = self._options(ttl, wait)
         return self._lock_class._of(Definition(self._servers, check_key(key), options, self._gate))  # type: ignore[no-any-return]
+
+    def _twin(self, cls: type[C]) -> C:
+        """A client of the other flavour (``Client`` <-> ``AsyncClient``) on the same servers,
+        with the same options, closed together with this one. No I/O."""
+        twin = cls.__new__(cls)
+        twin._raw = self._raw
+        twin.options = self.options
+        twin._servers = self._servers
+        twin._built = {}
+        twin._gate = self._gate
+        return twin
 
     def _options(self, ttl: Seconds | None, wait: Seconds | None) -> LockOptions:
         if ttl is None and wait is None:

@@ -62,6 +62,10 @@ class _RoundError(FencelockError):
         self.votes: tuple[ServerVote, ...] = tuple(votes)
         self.attempts = attempts
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # picklable with its evidence (process pools, Celery's pickled results)
+        return (type(self), (self.key, Exception.__str__(self), self.votes, self.attempts))
+
     @property
     def causes(self) -> dict[str, BaseException]:
         """Each failing server's cause, by server name (password-free)."""
@@ -89,6 +93,9 @@ class LockLost(FencelockError):
         super().__init__(message)
         self.key = key
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.key, str(self)))
+
 
 class StaleFence(FencelockError):
     """A storage guard refused a write: ``offered`` is older than ``current``."""
@@ -100,3 +107,6 @@ class StaleFence(FencelockError):
         self.resource = resource
         self.offered = offered
         self.current = current
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.resource, self.offered, self.current))

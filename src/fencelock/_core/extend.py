@@ -82,6 +82,7 @@ class RenewStep:
     next_at: float | None  # monotonic s of the next renewal; None: renewal stops
     lost_reason: str | None  # the lease is lost now (None: still ours, or left to expire)
     stop_reason: str | None = None  # renewal stopped on purpose (max_hold); lost at deadline
+    failed: bool = False  # this step's extend was not confirmed (refused or unknown)
 
 
 def renew(
@@ -100,11 +101,12 @@ def renew(
     result = yield from extend(plan, token, plan.ttl_ms, deadline)
     now = yield NOW
     if result.lost_reason is not None:
-        return RenewStep(result.deadline, None, result.lost_reason)
-    if result.outcome is ExtendOutcome.CONFIRMED:
+        return RenewStep(result.deadline, None, result.lost_reason, failed=True)
+    failed = result.outcome is not ExtendOutcome.CONFIRMED
+    if not failed:
         next_at = now + every_s
     else:
         next_at = now + max(RETRY_FLOOR_S, min(every_s, (result.deadline - now) / 3.0))
     if stop_at is not None:
         next_at = min(next_at, stop_at)
-    return RenewStep(result.deadline, next_at, None)
+    return RenewStep(result.deadline, next_at, None, failed=failed)
