@@ -82,12 +82,15 @@ class Lock(LockFront):
 
 
 class Lease(LeaseState):
-    """One acquisition (see :class:`fencelock.Lease`); ``lost`` is an :class:`asyncio.Event`."""
+    """One acquisition (see :class:`fencelock.Lease`); ``lost`` and ``at_risk`` are
+    :class:`asyncio.Event` objects."""
 
     lost: asyncio.Event
+    at_risk: asyncio.Event
 
     def __init__(self, lock: Lock, grant: Grant) -> None:
         self.lost = asyncio.Event()
+        self.at_risk = asyncio.Event()
         super().__init__(lock._definition, grant)
         self.lock = lock
         self._driver = lock._driver

@@ -110,13 +110,16 @@ class Lease(LeaseState):
     """One acquisition: the proof of ownership (``token``), the fencing number (``fence``) and
     the validity (``remaining()``). Hand ``fence`` to storage with every write.
 
-    ``lost`` is a :class:`threading.Event` set as soon as the lease is known lost.
+    ``lost`` is a :class:`threading.Event` set as soon as the lease is known lost;
+    ``at_risk`` one set while a renewal was not confirmed (cleared by the next one that is).
     """
 
     lost: threading.Event
+    at_risk: threading.Event
 
     def __init__(self, lock: Lock, grant: Grant) -> None:
         self.lost = threading.Event()
+        self.at_risk = threading.Event()
         super().__init__(lock._definition, grant)
         self.lock = lock
         self._driver = lock._driver
