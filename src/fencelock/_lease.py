@@ -29,6 +29,24 @@ class _Flag(Protocol):
     def clear(self) -> None: ...
 
 
+def check_at_least(at_least: Seconds | None, max_hold: float | None) -> float | None:
+    """``hold(at_least=...)`` in seconds (None: release when the block ends); ConfigError for
+    a negative, NaN or infinite value, or one beyond ``max_hold`` (it could not be kept)."""
+    if at_least is None:
+        return None
+    least = seconds(at_least, "at_least", allow_zero=True)
+    if max_hold is not None and least > max_hold:
+        raise ConfigError(f"at_least ({least} s) must not exceed max_hold ({max_hold} s)")
+    return least
+
+
+def lingers(exc_type: type[BaseException] | None) -> bool:
+    """Whether a ``hold(at_least=...)`` block that ended so keeps its lock: a normal end or a
+    job's own error (it ran, so it must not run again too soon elsewhere), not an
+    interruption (KeyboardInterrupt, SystemExit, cancellation), which releases at once."""
+    return exc_type is None or issubclass(exc_type, Exception)
+
+
 class LeaseState:
     """Token, fence and deadline of one acquisition; the subclass provides ``lost`` and
     ``at_risk`` (events of its front end)."""
@@ -169,6 +187,14 @@ class LeaseState:
             now = self.at_risk.is_set()
         if now:
             self._run_callback(callback)
+
+    def _release_at(self, at_least: float | None) -> float | None:
+        """At the end of a ``hold(at_least=...)`` block: when to release (monotonic s), or
+        None to release now (no at_least, already past it, or the lease is not valid)."""
+        if at_least is None or not self.valid:
+            return None
+        at = self.acquired_at + at_least
+        return at if at > time.monotonic() else None
 
     def _deadline_passed(self) -> None:
         if time.monotonic() >= self._deadline:
