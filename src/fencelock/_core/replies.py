@@ -83,3 +83,4 @@ def _flag_classifier(script: str) -> Callable[[object], tuple[Outcome, object]]:
 classify_release = _flag_classifier("release")
 classify_extend = _flag_classifier("extend")
 classify_commit = _flag_classifier("fence_commit")
+classify_announce = _flag_classifier("elect_announce")
