@@ -51,6 +51,7 @@ def test_at_risk_is_set_before_lost_when_a_majority_stays_paused(
             for server in paused:
                 server.resume()
         assert lease.at_risk.is_set()
+    assert _wait_for(lambda: len(events) == 2)  # callbacks run just after the event is set
     assert [name for name, _ in events] == ["at_risk", "lost"]
     assert events[0][1] < events[1][1]
 
