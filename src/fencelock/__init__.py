@@ -3,6 +3,7 @@
 >>> from fencelock import Client, Lock, NotAcquired   # doctest: +SKIP
 """
 
+from ._core.election import Leader
 from ._sync.lock import Lease, Lock
 from .client import Client
 from .decorator import current_lease, locked
@@ -22,6 +23,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "FencelockError",
+    "Leader",
     "Lease",
     "Lock",
     "LockLost",

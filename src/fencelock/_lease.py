@@ -27,12 +27,33 @@ class _Flag(Protocol):
 
     def set(self) -> None: ...
 
+    def clear(self) -> None: ...
+
+
+def check_at_least(at_least: Seconds | None, max_hold: float | None) -> float | None:
+    """``hold(at_least=...)`` in seconds (None: release when the block ends); ConfigError for
+    a negative, NaN or infinite value, or one beyond ``max_hold`` (it could not be kept)."""
+    if at_least is None:
+        return None
+    least = seconds(at_least, "at_least", allow_zero=True)
+    if max_hold is not None and least > max_hold:
+        raise ConfigError(f"at_least ({least} s) must not exceed max_hold ({max_hold} s)")
+    return least
+
+
+def lingers(exc_type: type[BaseException] | None) -> bool:
+    """Whether a ``hold(at_least=...)`` block that ended so keeps its lock: a normal end or a
+    job's own error (it ran, so it must not run again too soon elsewhere), not an
+    interruption (KeyboardInterrupt, SystemExit, cancellation), which releases at once."""
+    return exc_type is None or issubclass(exc_type, Exception)
+
 
 class LeaseState:
-    """Token, fence and deadline of one acquisition; the subclass provides ``lost`` (an event
-    of its front end)."""
+    """Token, fence and deadline of one acquisition; the subclass provides ``lost`` and
+    ``at_risk`` (events of its front end)."""
 
     lost: _Flag
+    at_risk: _Flag
 
     def __init__(self, definition: Definition, grant: Grant) -> None:
         self._definition = definition
@@ -44,6 +65,7 @@ class LeaseState:
         self.lost_reason: str | None = None
         self._released = False
         self._callbacks: list[Callable[[Any], object]] = []
+        self._risk_callbacks: list[Callable[[Any], object]] = []
         self._state = threading.Lock()
         self._every_s = 0.0
         self._stop_at: float | None = None
@@ -137,9 +159,48 @@ class LeaseState:
             _hooks.renewal_failed(self.key, len(self._definition.servers))
         if step.lost_reason is not None:
             self._mark_lost(step.lost_reason)
+        elif step.at_risk:
+            self._mark_at_risk()
+        elif self.at_risk.is_set():
+            self.at_risk.clear()
+            log.warning("lease on %r renewed again: no longer at risk", self.key)
         if step.stop_reason is not None:
             self._stop_reason = step.stop_reason
         return step.next_at
+
+    def _mark_at_risk(self) -> None:
+        """A renewal missed its deadline: set ``at_risk`` and run the callbacks (once per
+        warning; a confirmed renewal clears it, and the next miss warns again)."""
+        with self._state:
+            if self.at_risk.is_set() or self.lost.is_set() or self._released:
+                return
+            self.at_risk.set()
+            callbacks = list(self._risk_callbacks)
+        log.warning(
+            "lease on %r at risk: a renewal was not confirmed (%.3f s of validity left)",
+            self.key,
+            self.remaining(),
+        )
+        for callback in callbacks:
+            self._run_callback(callback)
+
+    def on_at_risk(self, callback: Callable[[Any], object]) -> None:
+        """Call ``callback(lease)`` each time ``at_risk`` becomes set (a renewal was not
+        confirmed; at once if it is set now). Callbacks run on a fencelock thread (asyncio: in
+        the event loop): keep them short; exceptions are logged."""
+        with self._state:
+            self._risk_callbacks.append(callback)
+            now = self.at_risk.is_set()
+        if now:
+            self._run_callback(callback)
+
+    def _release_at(self, at_least: float | None) -> float | None:
+        """At the end of a ``hold(at_least=...)`` block: when to release (monotonic s), or
+        None to release now (no at_least, already past it, or the lease is not valid)."""
+        if at_least is None or not self.valid:
+            return None
+        at = self.acquired_at + at_least
+        return at if at > time.monotonic() else None
 
     def _deadline_passed(self) -> None:
         if time.monotonic() >= self._deadline:
@@ -193,7 +254,7 @@ class LeaseState:
         try:
             callback(self)
         except Exception:
-            log.exception("on_lost callback for %r failed", self.key)
+            log.exception("callback of the lease on %r failed", self.key)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost.is_set() else "released" if self._released else "held"

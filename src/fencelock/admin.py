@@ -76,6 +76,7 @@ class Status(TypedDict):
     key: str
     servers: list[ServerStatus]
     fence: int | None  # the highest fence register found, None when none was
+    leader: str | None  # for an election key: the leader's name (held on a majority), else None
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,33 @@ def status(servers: str | Sequence[str], key: str, *, timeout: float = DEFAULT_T
     """Who holds lock ``key`` on each server, the validity left there, and the fence registers.
 
     Plain reads, in parallel, nothing changes. Shape: ``{"key", "servers": [{"server",
-    "held", "token_prefix", "ttl_s", "holder", "fence", "error"}, ...], "fence"}``.
+    "held", "token_prefix", "ttl_s", "holder", "fence", "error"}, ...], "fence", "leader"}``
+    (``leader``: the elected leader's name for an election key, else None).
     """
     urls, name, timeout = _check(servers, key, timeout)
     keys = lock_keys(name)
     rows = _each(urls, lambda url: _probe(url, keys, timeout))
     fences = [row["fence"] for row in rows if row["fence"] is not None]
-    return {"key": name, "servers": rows, "fence": max(fences) if fences else None}
+    return {
+        "key": name,
+        "servers": rows,
+        "fence": max(fences) if fences else None,
+        "leader": _leader(rows),
+    }
+
+
+def _leader(rows: Sequence[ServerStatus]) -> str | None:
+    """The name an elected holder announced beside the lock (``fencelock elect``,
+    ``election.campaign()``), when the same holder has the lock on a majority."""
+    names: dict[str | None, list[str]] = {}
+    for row in rows:
+        holder = row["holder"]
+        if row["held"] and holder is not None and isinstance(holder.get("leader"), str):
+            names.setdefault(row["token_prefix"], []).append(holder["leader"])
+    for found in names.values():
+        if len(found) >= len(rows) // 2 + 1:
+            return found[0]
+    return None
 
 
 def release(

@@ -8,6 +8,7 @@ Same shape as the blocking API, awaitable::
 """
 
 from ._async.lock import Lease, Lock
+from ._core.election import Leader
 from .client import AsyncClient as Client
 from .errors import ConfigError, FencelockError, LockLost, NotAcquired, StaleFence, Unavailable
 
@@ -15,6 +16,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "FencelockError",
+    "Leader",
     "Lease",
     "Lock",
     "LockLost",

@@ -19,6 +19,7 @@ embedded server instead). No password from a URL is ever printed or logged.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -33,7 +34,17 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, NoReturn
 
-from . import ConfigError, FencelockError, Lease, Lock, LockLost, NotAcquired, Unavailable, admin
+from . import (
+    Client,
+    ConfigError,
+    FencelockError,
+    Lease,
+    Lock,
+    LockLost,
+    NotAcquired,
+    Unavailable,
+    admin,
+)
 from .options import DEFAULT_WAIT, check_key, check_url, seconds
 
 log = logging.getLogger("fencelock.cli")
@@ -62,6 +73,9 @@ POLL_INTERVAL = 0.05
 #: Longest single ``acquire`` call of ``fencelock run``: a signal while waiting is acted on
 #: within about this long (the wait itself is ``--wait``, made of such calls).
 ACQUIRE_SLICE = 0.25
+#: Term lease of ``fencelock elect`` unless ``--ttl`` says otherwise (seconds): a dead leader is
+#: replaced within about this long.
+DEFAULT_TERM_TTL = 10.0
 #: Seconds between SIGTERM and SIGKILL after a loss, unless ``--grace`` says otherwise.
 DEFAULT_GRACE = 5.0
 #: Per-server timeout (seconds) of the plain commands of ``status`` and ``release``.
@@ -160,6 +174,25 @@ def _add_servers(parser: argparse.ArgumentParser, default_text: str) -> None:
     )
 
 
+def _add_child_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--grace",
+        type=_duration("--grace", allow_zero=True),
+        default=DEFAULT_GRACE,
+        help="seconds between SIGTERM and SIGKILL to CMD's process group after the lease is "
+        "lost (default: 5)",
+    )
+    parser.add_argument(
+        "--on-at-risk",
+        dest="on_at_risk",
+        default=None,
+        metavar="CMD",
+        help="shell command run (not waited for) each time a renewal is not confirmed and the "
+        "lease may soon be lost; it gets FENCELOCK_KEY, FENCELOCK_FENCE and "
+        "FENCELOCK_REMAINING",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full command-line parser (every subcommand of DESIGN.md)."""
     parser = _Parser(
@@ -208,15 +241,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit status when the lock is not acquired in time (default: 75)",
     )
     run.add_argument(
-        "--grace",
-        type=_duration("--grace", allow_zero=True),
-        default=DEFAULT_GRACE,
-        help="seconds between SIGTERM and SIGKILL after the lease is lost (default: 5)",
+        "--at-least",
+        dest="at_least",
+        type=_duration("--at-least", allow_zero=True),
+        default=None,
+        metavar="S",
+        help="keep the lock until S seconds after it was acquired, even if CMD ends sooner "
+        "(a short job must not run again elsewhere too soon)",
     )
+    _add_child_options(run)
     run.add_argument("--purpose", default=None, help="text shown by 'fencelock status'")
     _add_servers(run, DEFAULT_SERVER)
     _add_common(run)
     run.set_defaults(handler=_cmd_run)
+
+    elect = sub.add_parser(
+        "elect",
+        help="run a command while this process is the elected leader",
+        description="Campaign for leadership of KEY under NAME (waiting as long as it takes), "
+        "run CMD while leader (renewed in the background; CMD gets FENCELOCK_FENCE = the term "
+        "number, FENCELOCK_TOKEN, FENCELOCK_KEY and FENCELOCK_LEADER), and hand leadership on "
+        "at once when CMD ends (exit status: CMD's own). If leadership is lost, CMD's process "
+        "group gets SIGTERM, then SIGKILL after --grace seconds, and the exit status is 72.",
+        usage="%(prog)s --key K --name N [options] -- CMD [ARGS...]",
+    )
+    elect.add_argument("--key", required=True, help="the election name")
+    elect.add_argument("--name", required=True, help="who leads, as leader() and status show")
+    elect.add_argument(
+        "--ttl",
+        type=_duration("--ttl", allow_zero=False),
+        default=None,
+        help="term lease in seconds, renewed every ttl/3 (default: 10)",
+    )
+    _add_child_options(elect)
+    _add_servers(elect, DEFAULT_SERVER)
+    _add_common(elect)
+    elect.set_defaults(handler=_cmd_elect)
 
     status = sub.add_parser(
         "status",
@@ -317,14 +377,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args, extra = parser.parse_known_args(options)
     name = args.command_name
     if name is None:
-        parser.error("a command is needed: run, status, release, demo, chaos or bench")
+        parser.error("a command is needed: run, elect, status, release, demo, chaos or bench")
     sub = _subparser(parser, name)
     if extra:
-        hint = " (put the command after '--')" if name == "run" else ""
+        hint = " (put the command after '--')" if name in ("run", "elect") else ""
         sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
-    if name == "run":
+    if name in ("run", "elect"):
         if not command:
-            sub.error("a command is needed after '--': fencelock run --key K -- CMD [ARGS...]")
+            sub.error(f"a command is needed after '--': fencelock {name} --key K -- CMD [ARGS...]")
         args.command = command
     elif command is not None:
         sub.error(f"unexpected '--' and arguments: {' '.join(command)}")
@@ -446,26 +506,14 @@ def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunStat
     if state.pending:  # came with the grant: give the lock back at once
         _release(prog, lease)
         return state.interrupted(prog)
-    env = dict(os.environ)
-    env.update(
-        FENCELOCK_FENCE=str(lease.fence), FENCELOCK_TOKEN=lease.token, FENCELOCK_KEY=lock.key
-    )
-    try:
-        child = subprocess.Popen(args.command, env=env)
-    except OSError as exc:
+    returncode = _run_child(prog, lease, args, state, {})
+    if returncode is None:  # it could not start
         _release(prog, lease)
-        _say(prog, f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
-        return 126 if isinstance(exc, PermissionError) else 127
-    # signals queued from here on are the child's: _supervise forwards them
-    lost = threading.Event()
-    lease.on_lost(lambda _lease: lost.set())
-    try:
-        lease.keep_alive()
-    except LockLost:
-        lost.set()  # expired already (a very short ttl): the child is stopped below
-    returncode = _supervise(prog, child, lease, lost, state, args.grace)
+        return int(args.start_failure)
+    if not lease.lost.is_set() and args.at_least is not None:
+        _linger(prog, lease, args.at_least, state)
     released_ok = _release(prog, lease)
-    if lost.is_set() or not released_ok:
+    if lease.lost.is_set() or not released_ok:
         reason = lease.lost_reason or "it had expired or been taken when the command ended"
         _say(
             prog,
@@ -476,6 +524,98 @@ def _run_locked(prog: str, lock: Lock, args: argparse.Namespace, state: _RunStat
     return _child_exit_code(returncode)
 
 
+def _run_child(
+    prog: str,
+    lease: Lease,
+    args: argparse.Namespace,
+    state: _RunState,
+    extra_env: dict[str, str],
+    *,
+    renew: bool = True,
+) -> int | None:
+    """Start ``args.command`` in a process group of its own (so that a loss reaches its whole
+    tree), renew the lease, supervise it; its return code, or None when it could not start
+    (``args.start_failure`` then says the exit status)."""
+    env = dict(os.environ)
+    env.update(
+        FENCELOCK_FENCE=str(lease.fence), FENCELOCK_TOKEN=lease.token, FENCELOCK_KEY=lease.key
+    )
+    env.update(extra_env)
+    try:
+        child = subprocess.Popen(args.command, env=env, start_new_session=True)
+    except OSError as exc:
+        _say(prog, f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
+        args.start_failure = 126 if isinstance(exc, PermissionError) else 127
+        return None
+    # signals queued from here on are the child's: _supervise forwards them
+    lost = threading.Event()
+    lease.on_lost(lambda _lease: lost.set())
+    if args.on_at_risk is not None:
+        lease.on_at_risk(lambda at_risk: _at_risk_hook(prog, at_risk, args.on_at_risk))
+    if renew:
+        try:
+            lease.keep_alive()
+        except LockLost:
+            lost.set()  # expired already (a very short ttl): the child is stopped below
+    return _supervise(prog, child, lease, lost, state, args.grace)
+
+
+def _at_risk_hook(prog: str, lease: Lease, command: str) -> None:
+    """Run the ``--on-at-risk`` command, not waited for (it runs on a renewal thread)."""
+    env = dict(os.environ)
+    env.update(
+        FENCELOCK_KEY=lease.key,
+        FENCELOCK_FENCE=str(lease.fence),
+        FENCELOCK_REMAINING=f"{lease.remaining():.3f}",
+    )
+    try:
+        subprocess.Popen(command, shell=True, env=env)
+    except OSError as exc:
+        _say(prog, f"--on-at-risk: cannot run {command!r}: {exc}")
+
+
+def _signal_group(child: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the child's whole process group (it leads one of its own)."""
+    with contextlib.suppress(ProcessLookupError):  # the group is gone already
+        os.killpg(child.pid, sig)
+
+
+def _group_alive(child: subprocess.Popen[bytes]) -> bool:
+    try:
+        os.killpg(child.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a reused id of another user's group
+        return False
+    return True
+
+
+def _reap_group(prog: str, child: subprocess.Popen[bytes], kill_at: float) -> None:
+    """After a loss the child exited: give the rest of its group until ``kill_at`` to go,
+    then SIGKILL it."""
+    while _group_alive(child) and time.monotonic() < kill_at:
+        time.sleep(POLL_INTERVAL)
+    if _group_alive(child):
+        _say(prog, f"process group {child.pid} still running; sending SIGKILL")
+        _signal_group(child, signal.SIGKILL)
+
+
+def _linger(prog: str, lease: Lease, at_least: float, state: _RunState) -> None:
+    """``--at-least``: keep the (renewed) lock until ``at_least`` s after the acquisition;
+    a signal, or a loss, ends the wait early."""
+    until = lease.acquired_at + at_least
+    if until <= time.monotonic():
+        return
+    log.info("keeping %r for %.3f s more (--at-least)", lease.key, until - time.monotonic())
+    while not state.pending and not lease.lost.is_set():
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        lease.lost.wait(min(left, POLL_INTERVAL))
+    if state.pending:
+        _say(prog, f"interrupted by {signal.Signals(state.pending[0]).name}: releasing now")
+
+
 def _supervise(
     prog: str,
     child: subprocess.Popen[bytes],
@@ -484,32 +624,46 @@ def _supervise(
     state: _RunState,
     grace: float,
 ) -> int:
-    """Wait for the child; forward queued signals; on loss SIGTERM it, SIGKILL after ``grace``.
+    """Wait for the child; forward queued signals to its process group; on loss SIGTERM the
+    group, SIGKILL it after ``grace``; log when the lease is at risk and when it recovers.
 
     Every wait is at most POLL_INTERVAL seconds, so signals and the loss are acted on promptly.
     """
     term_at: float | None = None
     killed = False
+    at_risk = False
     while True:
         returncode = child.poll()
         if returncode is not None:
+            if term_at is not None and not killed:
+                _reap_group(prog, child, term_at + grace)  # what the child left behind
             return returncode
         while state.pending:
             sig = state.pending.pop(0)
-            log.info("forwarding %s to pid %d", signal.Signals(sig).name, child.pid)
-            child.send_signal(sig)
+            log.info("forwarding %s to process group %d", signal.Signals(sig).name, child.pid)
+            _signal_group(child, sig)
+        if lease.at_risk.is_set() != at_risk:
+            at_risk = not at_risk
+            if at_risk:
+                _say(
+                    prog,
+                    f"lease on {lease.key!r} at risk: a renewal was not confirmed "
+                    f"({lease.remaining():.3f} s of validity left)",
+                )
+            elif not lost.is_set():
+                _say(prog, f"lease on {lease.key!r} renewed again: no longer at risk")
         if lost.is_set() and term_at is None:
             _say(
                 prog,
-                f"lease on {lease.key!r} lost ({lease.lost_reason}); "
-                f"sending SIGTERM to pid {child.pid}, SIGKILL in {grace:g} s",
+                f"lease on {lease.key!r} lost ({lease.lost_reason}); sending SIGTERM to "
+                f"process group {child.pid}, SIGKILL in {grace:g} s",
             )
-            child.send_signal(signal.SIGTERM)
+            _signal_group(child, signal.SIGTERM)
             term_at = time.monotonic()
         if term_at is not None and not killed and time.monotonic() - term_at >= grace:
             if child.poll() is None:
                 _say(prog, f"pid {child.pid} still running after {grace:g} s; sending SIGKILL")
-                child.kill()
+            _signal_group(child, signal.SIGKILL)
             killed = True
         if term_at is None:
             lost.wait(POLL_INTERVAL)
@@ -528,6 +682,47 @@ def _release(prog: str, lease: Lease) -> bool:
     return True
 
 
+# -- elect ----------------------------------------------------------------------------------------
+
+
+def _cmd_elect(args: argparse.Namespace) -> int:
+    prog = f"{PROG} elect"
+    servers = resolve_servers(args.servers, [DEFAULT_SERVER])
+    client = Client(servers, ttl=DEFAULT_TERM_TTL if args.ttl is None else args.ttl)
+    election = client.election(args.key, name=args.name)  # ConfigError (64) before any I/O
+    state = _RunState()
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, state.handler) for sig in watched}
+    try:
+        return _lead(prog, election, args, state)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        client.close()
+
+
+def _lead(prog: str, election: Any, args: argparse.Namespace, state: _RunState) -> int:
+    """Campaign (in slices, so a queued signal is seen), then run the command as leader."""
+    while not state.pending:
+        try:
+            with election.campaign(wait=ACQUIRE_SLICE) as term:
+                if state.pending:  # came with the term: hand it on at once
+                    break
+                _say(prog, f"{args.name} leads {args.key!r}, term {term.fence}")
+                env = {"FENCELOCK_LEADER": args.name}
+                returncode = _run_child(prog, term, args, state, env, renew=False)
+                if returncode is None:
+                    return int(args.start_failure)
+        except (NotAcquired, Unavailable) as exc:
+            log.debug("not leader yet: %s", exc)
+            continue
+        except LockLost as exc:
+            _say(prog, f"leadership of {args.key!r} lost: {exc}; exiting {EX_LOST}")
+            return EX_LOST
+        return _child_exit_code(returncode)
+    return state.interrupted(prog)
+
+
 # -- status ---------------------------------------------------------------------------------------
 
 
@@ -538,7 +733,7 @@ def status_report(key: str, servers: Sequence[str]) -> admin.Status:
 
 def _describe_holder(holder: dict[str, Any]) -> str:
     parts = []
-    for field_name in ("host", "pid", "purpose"):
+    for field_name in ("leader", "term", "host", "pid", "purpose"):
         if field_name in holder:
             parts.append(f"{field_name}={holder[field_name]}")
     acquired = holder.get("acquired_at")
@@ -576,6 +771,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 line += f"; holder {_describe_holder(row['holder'])}"
             print(line)
         print(f"current fence: {report['fence'] if report['fence'] is not None else 'none'}")
+        if report["leader"] is not None:
+            print(f"leader: {report['leader']}")
     if not answered:
         if not args.json:
             _say(f"{PROG} status", "no server answered")

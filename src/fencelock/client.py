@@ -16,6 +16,7 @@ from ._definition import Definition, Gate
 from ._engine.registry import resolve
 from ._engine.server import Server
 from ._sync.lock import Lock
+from .election import AsyncElection, Election, check_name, default_name
 from .errors import FencelockError
 from .options import (
     DEFAULT_TTL,
@@ -96,6 +97,9 @@ class _ClientBase(Generic[L]):
         twin._gate = self._gate
         return twin
 
+    def _election_lock(self, key: str, ttl: Seconds | None, name: str | None) -> tuple[L, str]:
+        return self.lock(key, ttl=ttl), default_name() if name is None else check_name(name)
+
     def _options(self, ttl: Seconds | None, wait: Seconds | None) -> LockOptions:
         if ttl is None and wait is None:
             return self.options
@@ -126,6 +130,12 @@ class Client(_ClientBase[Lock]):
 
     _lock_class = Lock
 
+    def election(self, key: str, ttl: Seconds | None = None, name: str | None = None) -> Election:
+        """A leader election on ``key`` (its lock's ttl: ``ttl``, default the client's);
+        ``name`` says who leads in ``leader()`` and ``fencelock status`` (default
+        ``host:pid``). No I/O. See :mod:`fencelock.election`."""
+        return Election(*self._election_lock(key, ttl, name))
+
     def close(self) -> None:
         self._gate.closed = True
 
@@ -146,6 +156,12 @@ class AsyncClient(_ClientBase[AsyncLock]):
     client.aclose()`` or ``async with``."""
 
     _lock_class = AsyncLock
+
+    def election(
+        self, key: str, ttl: Seconds | None = None, name: str | None = None
+    ) -> AsyncElection:
+        """The asyncio twin of :meth:`Client.election` (no I/O)."""
+        return AsyncElection(*self._election_lock(key, ttl, name))
 
     async def aclose(self) -> None:
         self._gate.closed = True

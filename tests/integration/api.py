@@ -111,6 +111,7 @@ class AsyncLeaseFacade:
         self.token: str = lease.token
         self.fence: int = lease.fence
         self.key: str = lease.key
+        self.acquired_at: float = lease.acquired_at
 
     @property
     def lost(self) -> Any:

@@ -92,6 +92,7 @@ def test_status_of_a_lock_never_taken(server: Server, key: str) -> None:
             }
         ],
         "fence": None,
+        "leader": None,
     }
 
 

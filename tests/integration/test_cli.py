@@ -368,7 +368,7 @@ def test_status_json_and_text(server: Server, key: str) -> None:
         result = cli("status", "--key", key, "--server", server.url, "--json")
         assert result.returncode == 0, result.stderr
         report = json.loads(result.stdout)
-        assert set(report) == {"key", "servers", "fence"}
+        assert set(report) == {"key", "servers", "fence", "leader"}
         assert report["key"] == key and report["fence"] == lease.fence
         [row] = report["servers"]
         assert set(row) == {

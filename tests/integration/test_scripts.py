@@ -13,7 +13,14 @@ from fencelock._scripts import ALL
 
 
 def test_every_script_is_listed() -> None:
-    assert {s.name for s in ALL} == {"acquire", "release", "extend", "fence_commit"}
+    assert {s.name for s in ALL} == {
+        "acquire",
+        "release",
+        "extend",
+        "fence_commit",
+        "elect_announce",
+        "elect_read",
+    }
     assert len({s.sha for s in ALL}) == len(ALL)
 
 

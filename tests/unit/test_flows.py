@@ -292,6 +292,16 @@ def test_renewal_stops_at_max_hold_and_retries_sooner_after_a_failure() -> None:
     assert step.next_at - driver.now < 3.0  # retried before the usual period
 
 
+def test_a_renewal_that_did_not_confirm_puts_the_lease_at_risk_and_one_that_did_clears_it() -> None:
+    plan = plan_of(3)
+    missed = Script(table(3, extend=[TimeoutError(), TimeoutError(), OK]))
+    step = missed.run(renew(plan, "tok", 103.0, every_s=3.0, stop_at=None))
+    assert step.at_risk and step.lost_reason is None
+    confirmed = Script(table(3, extend=[OK, OK, TimeoutError()]))
+    step = confirmed.run(renew(plan, "tok", 103.0, every_s=3.0, stop_at=None))
+    assert not step.at_risk and step.lost_reason is None
+
+
 @pytest.mark.parametrize(
     ("replies", "expired", "error"),
     [

@@ -16,7 +16,7 @@ from .._context import pop_held, push_held
 from .._core.acquire import Grant
 from .._definition import UNSET, Definition
 from .._front import LockFront
-from .._lease import LeaseState, log
+from .._lease import LeaseState, check_at_least, lingers, log
 from ..errors import LockLost
 from ..options import Seconds, seconds
 from .driver import AsyncDriver, keep
@@ -53,11 +53,14 @@ class Lock(LockFront):
         *,
         max_hold: Seconds | None = None,
         on_lost: LostCallback | None = None,
+        at_least: Seconds | None = None,
     ) -> _Hold:
         """``async with lock.hold() as lease``: acquire, renew, release. If the lease is lost
-        while the block runs, the block is cancelled and :class:`~fencelock.LockLost` raised."""
+        while the block runs, the block is cancelled and :class:`~fencelock.LockLost` raised.
+        ``at_least``: see :meth:`fencelock.Lock.hold` (the release then runs in a task of
+        its own, kept until done)."""
         cap = None if max_hold is None else seconds(max_hold, "max_hold")
-        return _Hold(self, wait, renew, cap, on_lost)
+        return _Hold(self, wait, renew, cap, on_lost, check_at_least(at_least, cap))
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
@@ -82,12 +85,15 @@ class Lock(LockFront):
 
 
 class Lease(LeaseState):
-    """One acquisition (see :class:`fencelock.Lease`); ``lost`` is an :class:`asyncio.Event`."""
+    """One acquisition (see :class:`fencelock.Lease`); ``lost`` and ``at_risk`` are
+    :class:`asyncio.Event` objects."""
 
     lost: asyncio.Event
+    at_risk: asyncio.Event
 
     def __init__(self, lock: Lock, grant: Grant) -> None:
         self.lost = asyncio.Event()
+        self.at_risk = asyncio.Event()
         super().__init__(lock._definition, grant)
         self.lock = lock
         self._driver = lock._driver
@@ -147,6 +153,21 @@ class Lease(LeaseState):
 
         self._timer = loop.call_later(max(0.0, self._deadline - time.monotonic()), check)
 
+    def _linger(self, at_least: float | None) -> bool:
+        """Keep the lock until ``acquired_at + at_least``, then release it in a kept task
+        (renewing meanwhile if it would run out first); False: release it now."""
+        at = self._release_at(at_least)
+        if at is None:
+            return False
+        if self._renewal is None and self._deadline < at:
+            self.keep_alive()
+        keep(asyncio.ensure_future(self._release_later(at)))
+        return True
+
+    async def _release_later(self, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        await self._release_quietly()
+
     def _lost_hook(self) -> None:
         self._stop_renewal()
         body = self._body
@@ -204,7 +225,9 @@ class _Hold:
         renew: bool,
         max_hold: float | None,
         on_lost: LostCallback | None,
+        at_least: float | None = None,
     ) -> None:
+        self._at_least = at_least
         self._lock = lock
         self._wait = wait
         self._renew = renew
@@ -237,6 +260,8 @@ class _Hold:
         task = asyncio.current_task()
         if ours and task is not None and hasattr(task, "uncancel"):
             task.uncancel()
+        if not lease.lost.is_set() and lingers(exc_type) and lease._linger(self._at_least):
+            return False
         if exc_type is not None and not (ours and exc_type is asyncio.CancelledError):
             await lease._release_quietly()
             return False

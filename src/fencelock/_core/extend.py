@@ -76,13 +76,21 @@ def extend(plan: LockPlan, token: str, ttl_ms: int, deadline: float) -> Flow[Ext
 
 @dataclass(frozen=True, slots=True)
 class RenewStep:
-    """After one renewal: the new deadline, and either when to renew next or why it stopped."""
+    """After one renewal: the new deadline, and either when to renew next or why it stopped.
+
+    ``at_risk``: the renewal missed its deadline: its round did not confirm on a majority
+    (servers silent, paused or partitioned), so the lease may soon be lost. Renewals are
+    retried at a third of the time left, so the warning comes well before the loss (about two
+    thirds of the lease early with the default period). False after a renewal that confirmed,
+    which clears an earlier warning.
+    """
 
     deadline: float
     next_at: float | None  # monotonic s of the next renewal; None: renewal stops
     lost_reason: str | None  # the lease is lost now (None: still ours, or left to expire)
     stop_reason: str | None = None  # renewal stopped on purpose (max_hold); lost at deadline
     failed: bool = False  # this step's extend was not confirmed (refused or unknown)
+    at_risk: bool = False
 
 
 def renew(
@@ -101,12 +109,12 @@ def renew(
     result = yield from extend(plan, token, plan.ttl_ms, deadline)
     now = yield NOW
     if result.lost_reason is not None:
-        return RenewStep(result.deadline, None, result.lost_reason, failed=True)
-    failed = result.outcome is not ExtendOutcome.CONFIRMED
-    if not failed:
+        return RenewStep(result.deadline, None, result.lost_reason, failed=True, at_risk=True)
+    confirmed = result.outcome is ExtendOutcome.CONFIRMED
+    if confirmed:
         next_at = now + every_s
     else:
         next_at = now + max(RETRY_FLOOR_S, min(every_s, (result.deadline - now) / 3.0))
     if stop_at is not None:
         next_at = min(next_at, stop_at)
-    return RenewStep(result.deadline, next_at, None, failed=failed)
+    return RenewStep(result.deadline, next_at, None, failed=not confirmed, at_risk=not confirmed)

@@ -44,6 +44,8 @@ class LockKeys:
     waiters: str  # set by a refused acquire: "someone is waiting", PX = the holder's lease
     wake: str  # release pushes one element here to wake one blocked waiter
     handoff: str  # set by a release that woke a waiter: newcomers step aside briefly
+    observers: str  # elections: observer id -> expiry (zset); each one's wake list is
+    # ``observers + ":" + id``
 
     @property
     def script_keys(self) -> tuple[str, str, str, str, str, str]:
@@ -59,4 +61,5 @@ def lock_keys(name: str) -> LockKeys:
         waiters=base + ":waiters",
         wake=base + ":wake",
         handoff=base + ":handoff",
+        observers=base + ":observers",
     )

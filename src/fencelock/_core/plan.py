@@ -56,6 +56,11 @@ class LockPlan:
         return (self.keys.lock, self.keys.holder)
 
     @property
+    def election_keys(self) -> tuple[str, ...]:
+        k = self.keys
+        return (k.lock, k.holder, k.observers)
+
+    @property
     def commit_keys(self) -> tuple[str, ...]:
         return (self.keys.lock, self.keys.fence)
 

@@ -90,3 +90,6 @@ def classify_handshake(result: object) -> tuple[Outcome, object]:
     if isinstance(result, BaseException):
         return Outcome.ERROR, result
     return Outcome.GRANTED, result
+
+
+classify_announce = _flag_classifier("elect_announce")

@@ -28,6 +28,8 @@ ACQUIRE = _load("acquire", 5)
 RELEASE = _load("release", 5)
 EXTEND = _load("extend", 2)
 FENCE_COMMIT = _load("fence_commit", 2)
+ELECT_ANNOUNCE = _load("elect_announce", 3)
+ELECT_READ = _load("elect_read", 3)
 
-ALL = (ACQUIRE, RELEASE, EXTEND, FENCE_COMMIT)
+ALL = (ACQUIRE, RELEASE, EXTEND, FENCE_COMMIT, ELECT_ANNOUNCE, ELECT_READ)
 BY_NAME = {script.name: script for script in ALL}

@@ -14,11 +14,11 @@ from .._context import pop_held, push_held
 from .._core.acquire import Grant
 from .._definition import UNSET, Definition
 from .._front import LockFront
-from .._lease import LeaseState, log
+from .._lease import LeaseState, check_at_least, lingers, log
 from ..errors import LockLost
 from ..options import Seconds, seconds
 from .driver import Driver
-from .renewal import Renewal, watch_deadline
+from .renewal import Renewal, scheduler, watch_deadline
 
 ServerSpec = str | redis.Redis
 Servers = ServerSpec | Sequence[ServerSpec]
@@ -58,6 +58,7 @@ class Lock(LockFront):
         *,
         max_hold: Seconds | None = None,
         on_lost: LostCallback | None = None,
+        at_least: Seconds | None = None,
     ) -> Iterator[Lease]:
         """Acquire, run the block, release. With ``renew`` a watchdog keeps the lease alive.
 
@@ -67,8 +68,15 @@ class Lock(LockFront):
         :class:`~fencelock.LockLost`, unless the block raised its own exception.
         ``max_hold`` (seconds) stops renewal after that long; the lease then runs out and is
         reported lost like any other loss.
+
+        ``at_least`` (seconds): when the block ends (normally or with an ``Exception``) sooner
+        than that after the acquisition, the lock is kept (renewed if need be) and released in
+        the background at ``acquired_at + at_least``, so a short job does not run again
+        elsewhere too soon (a host whose clock is behind, say). An interruption
+        (KeyboardInterrupt, SystemExit) releases at once.
         """
         cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        least = check_at_least(at_least, cap)
         lease = self.acquire(wait)
         try:
             if on_lost is not None:
@@ -78,10 +86,12 @@ class Lock(LockFront):
             else:
                 watch_deadline(lease)
             yield lease
-        except BaseException:
-            lease._release_quietly()
+        except BaseException as exc:
+            if not (lingers(type(exc)) and lease._linger(least)):
+                lease._release_quietly()
             raise
-        lease._finish()
+        if lease.lost.is_set() or not lease._linger(least):
+            lease._finish()
 
     def __enter__(self) -> Lease:
         lease = self.acquire()
@@ -110,13 +120,16 @@ class Lease(LeaseState):
     """One acquisition: the proof of ownership (``token``), the fencing number (``fence``) and
     the validity (``remaining()``). Hand ``fence`` to storage with every write.
 
-    ``lost`` is a :class:`threading.Event` set as soon as the lease is known lost.
+    ``lost`` is a :class:`threading.Event` set as soon as the lease is known lost;
+    ``at_risk`` one set while a renewal was not confirmed (cleared by the next one that is).
     """
 
     lost: threading.Event
+    at_risk: threading.Event
 
     def __init__(self, lock: Lock, grant: Grant) -> None:
         self.lost = threading.Event()
+        self.at_risk = threading.Event()
         super().__init__(lock._definition, grant)
         self.lock = lock
         self._driver = lock._driver
@@ -170,6 +183,19 @@ class Lease(LeaseState):
 
     def _renew_step(self) -> float | None:
         return self._renewed(self._driver.run(self._renew_flow()))
+
+    def _linger(self, at_least: float | None) -> bool:
+        """Keep the lock until ``acquired_at + at_least`` and release it then on the timers
+        thread (renewing meanwhile if it would run out first); False: release it now."""
+        at = self._release_at(at_least)
+        if at is None:
+            return False
+        if self._renewal is None and self._deadline < at:
+            self.keep_alive()
+        # the timer holds the lease strongly on purpose: it must live until released
+        scheduler().at(at, lambda: scheduler().submit(self._release_quietly))
+        log.debug("%r kept until %.3f s after acquisition (at_least)", self.key, at_least)
+        return True
 
     def _lost_hook(self) -> None:
         self._stop_renewal()

@@ -1,0 +1,234 @@
+"""Elections, written once: the leader is the holder of the election's lock, its term the
+lock's fence.
+
+- A new leader announces itself: its name and term go into the holder info beside the lock
+  (same TTL, renewed and deleted with the lock), and every registered observer is woken.
+- ``leader()`` reads the lock and its info on every server: a leader is known when one token
+  holds a majority and its info names it; its ``remaining`` is what is left on the majority
+  with the most time, counted from before the read (minus the drift allowance).
+- An observer registers itself with each read and blocks on its own wake list on one server;
+  announcements (and the end of a term by a resignation) push to every registered list. The
+  end of a term by expiry (a killed or paused leader) sends nothing: the observer then wakes
+  at the leader's ``remaining``; a poll at most every ``poll_s`` covers a lost wake-up (its
+  wake server down when the change was announced).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import Unavailable
+from .effects import NOW, Broadcast, Flow, Pause
+from .plan import LockPlan
+from .quorum import Outcome, Tally, summary
+from .replies import ProtocolError, classify_announce
+from .verdicts import votes
+
+#: An observer's registration lasts this long (ms) after its last read; it reads at least
+#: every poll period, so a live observer stays registered and a gone one is dropped soon.
+OBSERVER_LIFETIME_MS = 30_000
+#: An observer that could not read (too few servers) tries again after this long (s).
+OBSERVE_RETRY_S = 0.1
+#: An observer wakes this long (s) after the leader's lease would run out, to see its end.
+EXPIRY_SLACK_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The current leader of an election: its ``name``, its term number ``fence`` (the lock's
+    fence: strictly larger for each new leader) and the seconds its term has ``remaining``
+    (as read; a live leader renews it)."""
+
+    name: str
+    fence: int
+    remaining: float
+
+    @property
+    def term(self) -> tuple[str, int]:
+        """What identifies a term: (name, fence); ``remaining`` changes within a term."""
+        return (self.name, self.fence)
+
+
+@dataclass(frozen=True, slots=True)
+class HolderRead:
+    """One server's answer to ``elect_read``: token ('' when free), PTTL ms, holder info."""
+
+    token: str
+    pttl_ms: int
+    info: dict[str, object] | None
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    raise ProtocolError(f"elect_read: unexpected element {value!r}")
+
+
+def decode_read(reply: object) -> HolderRead:
+    if not isinstance(reply, list | tuple) or len(reply) != 3:
+        raise ProtocolError(f"elect_read: unexpected reply {reply!r}")
+    token, pttl, raw = _text(reply[0]), reply[1], _text(reply[2])
+    if isinstance(pttl, bool) or not isinstance(pttl, int):
+        raise ProtocolError(f"elect_read: unexpected pttl {pttl!r}")
+    info: dict[str, object] | None = None
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        info = parsed if isinstance(parsed, dict) else None
+    return HolderRead(token, pttl, info)
+
+
+def classify_read(result: object) -> tuple[Outcome, object]:
+    """Any answer counts (GRANTED = this server could be read); errors do not."""
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    try:
+        return Outcome.GRANTED, decode_read(result)
+    except ProtocolError as exc:
+        return Outcome.ERROR, exc
+
+
+def leader_info(holder: str, name: str, fence: int) -> str:
+    """The holder info of a leader: its lock holder info (JSON) plus ``leader`` and ``term``."""
+    try:
+        info = json.loads(holder) if holder else {}
+    except ValueError:
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    info["leader"] = name
+    info["term"] = fence
+    return json.dumps(info, separators=(",", ":"))
+
+
+def decide_leader(plan: LockPlan, tally: Tally, elapsed_ms: float) -> Leader | None:
+    """The leader a read found: the token held on a majority whose info names it; None when
+    no token holds a majority or the holder has not announced itself (yet)."""
+    rows: dict[str, list[HolderRead]] = {}
+    for outcome, detail in tally.votes.values():
+        if outcome is Outcome.GRANTED and isinstance(detail, HolderRead) and detail.token:
+            rows.setdefault(detail.token, []).append(detail)
+    for held in rows.values():
+        if len(held) < tally.needed:
+            continue
+        named = [row.info for row in held if row.info is not None and "leader" in row.info]
+        if not named:
+            return None
+        info = named[0]
+        name, fence = info.get("leader"), info.get("term")
+        if not isinstance(name, str) or isinstance(fence, bool) or not isinstance(fence, int):
+            return None
+        # valid while a majority still holds it: the needed-th longest PTTL
+        pttls = sorted((max(0, row.pttl_ms) for row in held), reverse=True)
+        left_ms = pttls[tally.needed - 1] - elapsed_ms - plan.drift_ms(plan.ttl_ms)
+        return Leader(name, fence, max(0.0, left_ms / 1000.0))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderView:
+    """A read: ``leader`` (None: nobody leads), and a server that answered (to block on)."""
+
+    leader: Leader | None
+    answered: int
+
+
+def read_leader(plan: LockPlan, observer: str = "") -> Flow[LeaderView]:
+    """Read the leader on every server; raises :class:`~fencelock.Unavailable` when fewer
+    than a majority answered (nobody can tell who leads)."""
+    start: float = yield NOW
+    tally = Tally(plan.n)
+    yield Broadcast(
+        "elect_read",
+        plan.everyone,
+        plan.election_keys,
+        (observer, OBSERVER_LIFETIME_MS),
+        classify_read,
+        None,
+        plan.budget_s,
+        tally,
+        land=False,
+    )
+    if tally.granted < tally.needed:
+        text = summary(plan.key, tally).replace("agreed", "answered")
+        raise Unavailable(plan.key, f"{text}: leader unknown", votes(tally, plan.names))
+    now: float = yield NOW
+    return LeaderView(
+        decide_leader(plan, tally, (now - start) * 1000.0), tally.granted_indexes()[0]
+    )
+
+
+def announce(plan: LockPlan, token: str, info: str) -> Flow[bool]:
+    """Name the leader beside its lock on every server and wake the observers; True when a
+    majority took it (False: the term is still valid, but readers may not see its name)."""
+    tally = Tally(plan.n)
+    yield Broadcast(
+        "elect_announce",
+        plan.everyone,
+        plan.election_keys,
+        (token, info, plan.wake_ms),
+        classify_announce,
+        None,
+        plan.budget_s,
+        tally,
+    )
+    return tally.won
+
+
+def term_ended(plan: LockPlan) -> Flow[None]:
+    """Wake every observer after a term ended on purpose (a resignation, a finished block)."""
+    tally = Tally(plan.n)
+    yield Broadcast(
+        "elect_announce",
+        plan.everyone,
+        plan.election_keys,
+        ("", "", plan.wake_ms),
+        classify_announce,
+        None,
+        plan.budget_s,
+        tally,
+        land=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What an observer saw: a new ``leader`` (or None: nobody leads), or ``timed_out``."""
+
+    leader: Leader | None
+    timed_out: bool = False
+
+
+def next_change(
+    plan: LockPlan,
+    observer: str,
+    last: tuple[str, int] | bool | None,
+    until: float,
+    *,
+    poll_s: float,
+) -> Flow[Change]:
+    """Wait for the leader to differ from ``last`` (a term, None for "nobody", False for
+    "nothing seen yet") until ``until`` (monotonic s); woken by announcements."""
+    wake_key = f"{plan.keys.observers}:{observer}"
+    while True:
+        wake: tuple[int, str] | None = None
+        try:
+            view = yield from read_leader(plan, observer)
+        except Unavailable:
+            delay = OBSERVE_RETRY_S
+        else:
+            leader = view.leader
+            seen = None if leader is None else leader.term
+            if last is False or seen != last:
+                return Change(leader)
+            delay = poll_s if leader is None else min(poll_s, leader.remaining + EXPIRY_SLACK_S)
+            wake = (view.answered, wake_key)
+        now: float = yield NOW
+        if now >= until:
+            return Change(None, timed_out=True)
+        yield Pause(min(delay, until - now), wake)

@@ -1,0 +1,24 @@
+-- elect_announce: name the leader beside the lock it holds, then wake every observer.
+-- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] observers (zset: observer id -> expiry in
+-- server ms); an observer's wake list is KEYS[3] .. ':' .. its id (same hash tag)
+-- ARGV[1] token ('' = only wake the observers: a term ended)
+-- ARGV[2] holder info naming the leader and its term (JSON)   ARGV[3] wake list lifetime in ms
+-- returns 1 announced (the lock is ours here) or observers woken; 0 not ours: nothing changed
+if ARGV[1] ~= '' then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+  end
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', pttl) end
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    local list = KEYS[3] .. ':' .. id
+    redis.call('RPUSH', list, '1')
+    redis.call('PEXPIRE', list, ARGV[3])
+  end
+end
+return 1
