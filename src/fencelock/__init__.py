@@ -3,7 +3,8 @@
 >>> from fencelock import Client, Lock, NotAcquired   # doctest: +SKIP
 """
 
-from ._sync.lock import Lease, Lock
+from ._sync.family import MultiLock, RWLock, Semaphore
+from ._sync.lock import Lease, Lock, Permit
 from .client import Client
 from .errors import (
     ConfigError,
@@ -24,7 +25,11 @@ __all__ = [
     "Lease",
     "Lock",
     "LockLost",
+    "MultiLock",
     "NotAcquired",
+    "Permit",
+    "RWLock",
+    "Semaphore",
     "ServerVote",
     "StaleFence",
     "Unavailable",
