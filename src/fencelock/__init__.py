@@ -4,7 +4,8 @@
 """
 
 from ._core.election import Leader
-from ._sync.lock import Lease, Lock
+from ._sync.family import MultiLock, RWLock, Semaphore
+from ._sync.lock import Lease, Lock, Permit
 from .client import Client
 from .decorator import current_lease, locked
 from .errors import (
@@ -27,7 +28,11 @@ __all__ = [
     "Lease",
     "Lock",
     "LockLost",
+    "MultiLock",
     "NotAcquired",
+    "Permit",
+    "RWLock",
+    "Semaphore",
     "ServerVote",
     "StaleFence",
     "Unavailable",

@@ -82,6 +82,15 @@ class Definition:
                 stacklevel=5,
             )
 
+    def with_plan(self, plan: LockPlan) -> Definition:
+        """The same lock definition driving other keys and scripts (a semaphore slot, the
+        readers or the writer of a read-write lock)."""
+        other = Definition.__new__(Definition)
+        for name in Definition.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.plan = plan
+        return other
+
     @property
     def names(self) -> list[str]:
         return [server.name for server in self.servers]

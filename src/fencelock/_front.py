@@ -7,11 +7,13 @@ import random
 from typing import Any
 
 from . import _hooks
-from ._core.acquire import Grant, acquire, try_acquire
+from ._core.acquire import AttemptFn, Grant, acquire, try_acquire
 from ._core.effects import Flow
+from ._core.semaphore import SemaphorePlan, check_limit, make_semaphore_plan, permit_attempt
 from ._definition import UNSET, Definition
 from ._engine.registry import resolve
 from ._holder import new_token
+from ._reentry import Reentry, make_reentry
 from .errors import FencelockError
 from .options import (
     DEFAULT_TTL,
@@ -103,7 +105,10 @@ class LockFront:
       ``ttl/10`` within [0.05, 1.0]); ``drift_factor`` / ``drift_min``: clock-drift allowance
       ``ttl * factor + min`` taken off every lease's validity;
     - ``renew_every``: watchdog period (default ``ttl/3``);
-    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``.
+    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``;
+    - ``reentrant``: the same owner (the thread; in asyncio the task; or ``owner``, an id of
+      your choosing) acquiring again gets the lease it holds (same token and fence) instead of
+      waiting for itself; only the outermost acquire and release talk to the servers.
 
     Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
     """
@@ -124,6 +129,8 @@ class LockFront:
         handoff_window: Seconds = HANDOFF_WINDOW,
         holder_info: bool = True,
         purpose: str | None = None,
+        reentrant: bool = False,
+        owner: str | None = None,
     ) -> None:
         args = (
             ttl,
@@ -138,18 +145,33 @@ class LockFront:
             holder_info,
             purpose,
         )
+        reentry = make_reentry(reentrant, owner)
         self._setup(_definition(servers, key, _options(args)))
+        self._reentry: Reentry | None = reentry
 
     @classmethod
-    def _of(cls, definition: Definition) -> Any:
+    def _of(
+        cls, definition: Definition, *, reentrant: bool = False, owner: str | None = None
+    ) -> Any:
         """A lock from an already validated definition (``Client.lock``); no I/O."""
+        reentry = make_reentry(reentrant, owner)
         lock = cls.__new__(cls)
         lock._setup(definition)
+        lock._reentry = reentry
         return lock
 
     def _setup(self, definition: Definition) -> None:
         self._definition = definition
         self._closed = False
+        self._reentry = None
+
+    def _attempt_with(self) -> AttemptFn | None:
+        """The attempt the acquire flows repeat (None: the plain lock's)."""
+        return None
+
+    def _grant_definition(self, grant: Grant) -> Definition:
+        """The definition a lease of ``grant`` extends and releases on."""
+        return self._definition
 
     @property
     def key(self) -> str:
@@ -168,6 +190,12 @@ class LockFront:
         """Password-free names of the servers, in order."""
         return self._definition.names
 
+    @property
+    def _lock_id(self) -> tuple[object, ...]:
+        """What makes two lock objects the same lock (for reentrancy)."""
+        definition = self._definition
+        return (tuple(definition.names), definition.plan.keys.lock)
+
     def _acquire_flow(self, wait: object) -> Flow[Grant]:
         """The acquire flow for ``wait`` (UNSET: the lock's default); ConfigError before I/O."""
         wait_s = (
@@ -183,13 +211,14 @@ class LockFront:
             new_token=new_token,
             holder_info=definition.holder,
             rand=random.random,
+            attempt_with=self._attempt_with(),
         )
         return self._observed(flow) if _hooks.observers else flow
 
     def _try_flow(self) -> Flow[Grant | None]:
         self._check_open()
         definition = self._definition
-        flow = try_acquire(definition.plan, new_token(), definition.holder())
+        flow = try_acquire(definition.plan, new_token(), definition.holder(), self._attempt_with())
         return self._observed(flow) if _hooks.observers else flow
 
     def _observed(self, flow: Flow[Any]) -> Flow[Any]:
@@ -201,3 +230,54 @@ class LockFront:
 
     def __repr__(self) -> str:
         return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl})"
+
+
+class SemaphoreFront(LockFront):
+    """A leased semaphore: at most ``limit`` permits valid at once, each a lease of its own
+    (token, fence, ttl, renewal and loss as for a lock) on one of ``limit`` slots.
+
+    ``Semaphore(servers, key, limit, ttl=30.0, ...)`` takes the options of
+    :class:`~fencelock.Lock`; ``limit`` is an ``int`` >= 1 (:class:`~fencelock.ConfigError`
+    otherwise, before any I/O). ``acquire()``/``try_acquire()``/``hold()`` give a ``Permit``:
+    a lease plus ``.slot`` (0..limit-1). Fences grow per semaphore, across its slots. A holder
+    that crashed frees its permit when its ttl runs out; release is checked by token.
+    """
+
+    _limit: int
+    _sem: SemaphorePlan
+
+    def __init__(
+        self, servers: Any, key: str, limit: int, ttl: Seconds = DEFAULT_TTL, **options: Any
+    ) -> None:
+        if "reentrant" in options or "owner" in options:
+            raise FencelockError("a semaphore is not reentrant")
+        self._limit = check_limit(limit)
+        super().__init__(servers, key, ttl, **options)
+
+    @classmethod
+    def _of_limit(cls, definition: Definition, limit: int) -> Any:
+        semaphore = cls.__new__(cls)
+        semaphore._limit = check_limit(limit)
+        semaphore._setup(definition)
+        return semaphore
+
+    def _setup(self, definition: Definition) -> None:
+        super()._setup(definition)
+        self._sem = make_semaphore_plan(definition.plan, self._limit)
+        self._slots = tuple(definition.with_plan(plan) for plan in self._sem.slots)
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def _attempt_with(self) -> AttemptFn | None:
+        return permit_attempt(self._sem)
+
+    def _grant_definition(self, grant: Grant) -> Definition:
+        return self._slots[grant.slot]
+
+    def __repr__(self) -> str:
+        return (
+            f"Semaphore({self.key!r}, limit={self._limit}, servers={self.servers}, "
+            f"ttl={self.options.ttl})"
+        )

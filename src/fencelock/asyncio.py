@@ -7,7 +7,8 @@ Same shape as the blocking API, awaitable::
         await write(..., fence=lease.fence)
 """
 
-from ._async.lock import Lease, Lock
+from ._async.family import MultiLock, RWLock, Semaphore
+from ._async.lock import Lease, Lock, Permit
 from ._core.election import Leader
 from .client import AsyncClient as Client
 from .errors import ConfigError, FencelockError, LockLost, NotAcquired, StaleFence, Unavailable
@@ -20,7 +21,11 @@ __all__ = [
     "Lease",
     "Lock",
     "LockLost",
+    "MultiLock",
     "NotAcquired",
+    "Permit",
+    "RWLock",
+    "Semaphore",
     "StaleFence",
     "Unavailable",
 ]

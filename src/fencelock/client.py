@@ -11,10 +11,16 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from ._async.family import MultiLock as AsyncMultiLock
+from ._async.family import RWLock as AsyncRWLock
+from ._async.family import Semaphore as AsyncSemaphore
 from ._async.lock import Lock as AsyncLock
+from ._core.multi import check_keys
+from ._core.semaphore import check_limit
 from ._definition import Definition, Gate
 from ._engine.registry import resolve
 from ._engine.server import Server
+from ._sync.family import MultiLock, RWLock, Semaphore
 from ._sync.lock import Lock
 from .election import AsyncElection, Election, check_name, default_name
 from .errors import FencelockError
@@ -78,13 +84,31 @@ class _ClientBase(Generic[L]):
         """Password-free names of the servers, in order."""
         return [server.name for server in self._servers]
 
-    def lock(self, key: str, ttl: Seconds | None = None, wait: Seconds | None = None) -> L:
+    def lock(
+        self,
+        key: str,
+        ttl: Seconds | None = None,
+        wait: Seconds | None = None,
+        *,
+        reentrant: bool = False,
+        owner: str | None = None,
+    ) -> L:
         """A lock on ``key`` over this client's servers; ``ttl``/``wait`` default to the
-        client's. No I/O. Raises :class:`~fencelock.ConfigError` for a bad key or option."""
+        client's. No I/O. Raises :class:`~fencelock.ConfigError` for a bad key or option.
+        ``reentrant``/``owner``: see :class:`~fencelock.Lock`."""
+        definition = self._definition(key, ttl, wait)
+        return self._lock_class._of(definition, reentrant=reentrant, owner=owner)  # type: ignore[no-any-return]
+
+    def _definition(self, key: str, ttl: Seconds | None, wait: Seconds | None) -> Definition:
         if self._gate.closed:
             raise FencelockError("this client was closed")
         options = self._options(ttl, wait)
-        return self._lock_class._of(Definition(self._servers, check_key(key), options, self._gate))  # type: ignore[no-any-return]
+        return Definition(self._servers, check_key(key), options, self._gate)
+
+    def _definitions(
+        self, keys: object, ttl: Seconds | None, wait: Seconds | None
+    ) -> tuple[Definition, ...]:
+        return tuple(self._definition(name, ttl, wait) for name in check_keys(keys))
 
     def _twin(self, cls: type[C]) -> C:
         """A client of the other flavour (``Client`` <-> ``AsyncClient``) on the same servers,
@@ -136,6 +160,23 @@ class Client(_ClientBase[Lock]):
         ``host:pid``). No I/O. See :mod:`fencelock.election`."""
         return Election(*self._election_lock(key, ttl, name))
 
+    def semaphore(
+        self, key: str, limit: int = 4, ttl: Seconds | None = None, wait: Seconds | None = None
+    ) -> Semaphore:
+        """A semaphore of ``limit`` permits on ``key`` (see :class:`~fencelock.Semaphore`)."""
+        limit = check_limit(limit)
+        return Semaphore._of_limit(self._definition(key, ttl, wait), limit)  # type: ignore[no-any-return]
+
+    def rwlock(self, key: str, ttl: Seconds | None = None, wait: Seconds | None = None) -> RWLock:
+        """A read-write lock on ``key`` (see :class:`~fencelock.RWLock`)."""
+        return RWLock._of(self._definition(key, ttl, wait))  # type: ignore[no-any-return]
+
+    def multilock(
+        self, keys: object, ttl: Seconds | None = None, wait: Seconds | None = None
+    ) -> MultiLock:
+        """All of ``keys`` or none (see :class:`~fencelock.MultiLock`)."""
+        return MultiLock._of(self._definitions(keys, ttl, wait))  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._gate.closed = True
 
@@ -162,6 +203,25 @@ class AsyncClient(_ClientBase[AsyncLock]):
     ) -> AsyncElection:
         """The asyncio twin of :meth:`Client.election` (no I/O)."""
         return AsyncElection(*self._election_lock(key, ttl, name))
+
+    def semaphore(
+        self, key: str, limit: int = 4, ttl: Seconds | None = None, wait: Seconds | None = None
+    ) -> AsyncSemaphore:
+        """A semaphore of ``limit`` permits on ``key`` (see :class:`~fencelock.Semaphore`)."""
+        limit = check_limit(limit)
+        return AsyncSemaphore._of_limit(self._definition(key, ttl, wait), limit)  # type: ignore[no-any-return]
+
+    def rwlock(
+        self, key: str, ttl: Seconds | None = None, wait: Seconds | None = None
+    ) -> AsyncRWLock:
+        """A read-write lock on ``key`` (see :class:`~fencelock.RWLock`)."""
+        return AsyncRWLock._of(self._definition(key, ttl, wait))  # type: ignore[no-any-return]
+
+    def multilock(
+        self, keys: object, ttl: Seconds | None = None, wait: Seconds | None = None
+    ) -> AsyncMultiLock:
+        """All of ``keys`` or none (see :class:`~fencelock.MultiLock`)."""
+        return AsyncMultiLock._of(self._definitions(keys, ttl, wait))  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         self._gate.closed = True

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from api import LockFactory, front, lock_value, make_lock  # noqa: F401
 
-from fencelock._scripts import ALL
+from fencelock._scripts import ALL, BY_NAME
 
 
 def test_every_script_is_listed() -> None:
@@ -20,6 +20,14 @@ def test_every_script_is_listed() -> None:
         "fence_commit",
         "elect_announce",
         "elect_read",
+        "sem_acquire",
+        "sem_sweep",
+        "rw_read_acquire",
+        "rw_read_commit",
+        "rw_read_extend",
+        "rw_read_release",
+        "rw_write_acquire",
+        "rw_write_release",
     }
     assert len({s.sha for s in ALL}) == len(ALL)
 
@@ -29,9 +37,37 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
     client = fencelock_session_server.client()
     assert client.script_load(script.source) == script.sha
     assert client.script_exists(script.sha) == [True]
-    # the header documents the KEYS the script is called with
+    # the header documents the KEYS the script is called with (a variadic one: its fixed
+    # leading keys, then the repeated group)
     text = script.source.decode()
-    assert f"KEYS[{script.numkeys}]" in text and f"KEYS[{script.numkeys + 1}]" not in text
+    assert f"KEYS[{script.numkeys}]" in text
+    if script.variadic:
+        assert "variadic" in text.split("\nlocal ", 1)[0]
+    else:
+        assert f"KEYS[{script.numkeys + 1}]" not in text
+
+
+#: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
+SHAS = {
+    "acquire": "5aaaa3a761aff68d233944776d9be07b2c4d99ec",
+    "release": "68850af1ecec02a0774c796e1149e55bed42e2f3",
+    "extend": "4e3c65ca9dbb8c878577ed2d7e8295abbfc6affb",
+    "fence_commit": "d737600cb3d048e087aa81d2a17de7b90c25adbf",
+    "elect_announce": "bc11b0ccf3d826eb8d52bb247dd9d49a0bdb7d34",
+    "elect_read": "66866ef41563323a1dfce0570c3f814557da8e3d",
+    "sem_acquire": "b069a838e96fd30a016a6e691a859457f75a30c3",
+    "sem_sweep": "aff25c99be1c9fd8d49b92cc12153de0b63040bd",
+    "rw_read_acquire": "9c21e8f9c2c80a20fd955a458220ed86c747c885",
+    "rw_read_commit": "0df2f4a794a82f773117332b6798706a3141ccb8",
+    "rw_read_extend": "2464f17192ac9e2a3e7a0a1d9bb7f9771f6a922b",
+    "rw_read_release": "535692975132f29d978c63ebe5ec5d227641b2d8",
+    "rw_write_acquire": "3cc2e3a4d315e1e2866d735e47ae1645353aa326",
+    "rw_write_release": "581212d1cc66beece09852da1ed6f1a4b9d55708",
+}
+
+
+def test_script_shas_are_pinned() -> None:
+    assert {name: BY_NAME[name].sha for name in SHAS} == SHAS
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aredis
 
@@ -17,6 +17,7 @@ from .._core.acquire import Grant
 from .._definition import UNSET, Definition
 from .._front import LockFront
 from .._lease import LeaseState, check_at_least, lingers, log
+from .._reentry import HeldBase
 from ..errors import LockLost
 from ..options import Seconds, seconds
 from .driver import AsyncDriver, keep
@@ -39,12 +40,33 @@ class Lock(LockFront):
         Cancelling the caller cancels the wait; a grant that may have landed is released in
         a task of its own that the cancellation cannot stop.
         """
-        return Lease(self, await self._driver.run(self._acquire_flow(wait)))
+        reentry = self._reentry
+        if reentry is None:
+            return self._lease(await self._driver.run(self._acquire_flow(wait)))
+        current = asyncio.current_task()
+        entry = reentry.again(self._lock_id, current)
+        if entry is None:
+            lease = self._lease(await self._driver.run(self._acquire_flow(wait)))
+            entry = reentry.first(self._lock_id, current, lease)
+        return cast(Lease, Held(entry))
 
     async def try_acquire(self) -> Lease | None:
         """One attempt: a :class:`Lease`, or ``None`` when another holder has the lock."""
+        reentry = self._reentry
+        current = asyncio.current_task()
+        entry = None if reentry is None else reentry.again(self._lock_id, current)
+        if entry is not None:
+            return cast(Lease, Held(entry))
         grant = await self._driver.run(self._try_flow())
-        return None if grant is None else Lease(self, grant)
+        if grant is None:
+            return None
+        lease = self._lease(grant)
+        if reentry is None:
+            return lease
+        return cast(Lease, Held(reentry.first(self._lock_id, current, lease)))
+
+    def _lease(self, grant: Grant) -> Lease:
+        return Lease(self, grant)
 
     def hold(
         self,
@@ -60,7 +82,8 @@ class Lock(LockFront):
         ``at_least``: see :meth:`fencelock.Lock.hold` (the release then runs in a task of
         its own, kept until done)."""
         cap = None if max_hold is None else seconds(max_hold, "max_hold")
-        return _Hold(self, wait, renew, cap, on_lost, check_at_least(at_least, cap))
+        least = check_at_least(at_least, cap)
+        return _Hold(lambda: self.acquire(wait), renew, cap, on_lost, least)
 
     async def __aenter__(self) -> Lease:
         lease = await self.acquire()
@@ -94,7 +117,7 @@ class Lease(LeaseState):
     def __init__(self, lock: Lock, grant: Grant) -> None:
         self.lost = asyncio.Event()
         self.at_risk = asyncio.Event()
-        super().__init__(lock._definition, grant)
+        super().__init__(lock._grant_definition(grant), grant)
         self.lock = lock
         self._driver = lock._driver
         self._renewal: asyncio.Future[Any] | None = None
@@ -220,23 +243,21 @@ class _Hold:
 
     def __init__(
         self,
-        lock: Lock,
-        wait: Seconds,
+        acquire: Callable[[], Awaitable[Lease]],
         renew: bool,
         max_hold: float | None,
         on_lost: LostCallback | None,
         at_least: float | None = None,
     ) -> None:
         self._at_least = at_least
-        self._lock = lock
-        self._wait = wait
+        self._acquire = acquire
         self._renew = renew
         self._max_hold = max_hold
         self._on_lost = on_lost
         self._lease: Lease | None = None
 
     async def __aenter__(self) -> Lease:
-        lease = await self._lock.acquire(self._wait)
+        lease = await self._acquire()
         self._lease = lease
         if self._on_lost is not None:
             lease.on_lost(self._on_lost)
@@ -279,3 +300,40 @@ class _Hold:
         raise LockLost(
             lease.key, f"{lease.key!r}: lease lost while the block ran ({reason})"
         ) from (exc if ours else None)
+
+
+class Permit(Lease):
+    """A semaphore's permit (see :class:`fencelock.Permit`): a lease plus its ``slot``."""
+
+    def __init__(self, lock: Lock, grant: Grant) -> None:
+        super().__init__(lock, grant)
+        self.slot = grant.slot
+
+
+class Held(HeldBase):
+    """A reentrant lock's lease as one acquisition of its owner task sees it: the shared
+    lease's token, fence and state; ``release()`` frees the lock only at the outermost one."""
+
+    __slots__ = ()
+
+    async def release(self) -> None:
+        if self._leave():
+            await self._entry.lease.release()
+
+    async def _release_quietly(self) -> None:
+        if self._leave():
+            await self._entry.lease._release_quietly()
+
+    async def __aenter__(self) -> Held:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            await self._release_quietly()
+        else:
+            await self.release()

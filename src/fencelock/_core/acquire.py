@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from .backoff import retry_delay_s
 from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Flow, Identify, Pause
@@ -38,6 +39,7 @@ class Grant:
     fence: int
     start: float
     deadline: float
+    slot: int = 0  # the semaphore slot won (0 for every other kind of lock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,15 @@ class Attempt:
     tally: Tally
 
 
-def _settled(tally: Tally) -> bool:
+class AttemptFn(Protocol):
+    """One attempt with a fresh token (``attempt`` bound to a plan, or a semaphore's)."""
+
+    def __call__(
+        self, token: str, info: str, *, woken: bool, waiter: str, patience: int
+    ) -> Flow[Attempt]: ...
+
+
+def settled(tally: Tally) -> bool:
     """An acquire round may stop once won, or once lost AND it is clear whether for
     contention (enough servers answered "held") or for an outage (too few can answer)."""
     if tally.won:
@@ -86,19 +96,19 @@ def attempt(
     drift = plan.drift_ms(plan.ttl_ms)
     try:
         yield Broadcast(
-            "acquire",
+            plan.wiring.acquire,
             plan.everyone,
             plan.acquire_keys,
             args,
             classify_acquire,
-            _settled,
+            settled,
             plan.budget_s,
             tally,
         )
         now: float = yield NOW
         decision = decide_acquire(
             tally,
-            _replies(tally),
+            grant_replies(tally),
             ttl_ms=plan.ttl_ms,
             elapsed_ms=(now - start) * 1000.0,
             drift=drift,
@@ -107,20 +117,20 @@ def attempt(
         if problem is not None:
             raise problem
         if decision.status is Status.GRANTED and needs_commit(plan.n):
-            decision = yield from _commit(plan, token, decision, tally, start)
+            decision = yield from commit_fence(plan, token, decision, tally, start)
     except GeneratorExit:
         raise
     except BaseException:
-        yield from _clean_up(plan, token, tally)
+        yield from clean_up(plan, token, tally)
         raise
     if decision.status is Status.GRANTED:
         deadline = start + (plan.ttl_ms - drift) / 1000.0
         return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
-    yield from _clean_up(plan, token, tally)
+    yield from clean_up(plan, token, tally)
     return Attempt(None, decision, tally)
 
 
-def _replies(tally: Tally) -> dict[int, AcquireReply]:
+def grant_replies(tally: Tally) -> dict[int, AcquireReply]:
     return {
         index: detail
         for index, (outcome, detail) in tally.votes.items()
@@ -128,7 +138,7 @@ def _replies(tally: Tally) -> dict[int, AcquireReply]:
     }
 
 
-def _commit(
+def commit_fence(
     plan: LockPlan, token: str, decision: AcquireDecision, tally: Tally, start: float
 ) -> Flow[AcquireDecision]:
     """Round 2 over N servers: raise the fence register to the merged fence on the granting
@@ -139,7 +149,7 @@ def _commit(
         if index not in granted:
             commit.record(index, Outcome.HELD)
     yield Broadcast(
-        "fence_commit",
+        plan.wiring.commit,
         granted,
         plan.commit_keys,
         (token, str(decision.fence)),
@@ -161,7 +171,7 @@ def _commit(
     return decision
 
 
-def _clean_up(plan: LockPlan, token: str, tally: Tally) -> Flow[None]:
+def clean_up(plan: LockPlan, token: str, tally: Tally) -> Flow[None]:
     """After a failed attempt: release ``token`` wherever it may have landed."""
     if not may_have_landed(tally):
         return
@@ -179,8 +189,10 @@ def acquire(
     new_token: Callable[[], str],
     holder_info: Callable[[], str],
     rand: Callable[[], float],
+    attempt_with: AttemptFn | None = None,
 ) -> Flow[Grant]:
-    """Attempt until granted or ``wait_s`` ran out, woken by releases in between.
+    """Attempt until granted or ``wait_s`` ran out, woken by releases in between
+    (``attempt_with``: the attempt to repeat; default: :func:`attempt` on ``plan``).
 
     Raises :class:`~fencelock.NotAcquired` (contention) or :class:`~fencelock.Unavailable`
     (too few servers answered) with the last round's votes.
@@ -190,11 +202,11 @@ def acquire(
     waiter = new_token()[:16] if wait_s > 0 else "-"  # an id only for who will wait
     attempts = 0
     woken = False
+    run = _bound(plan) if attempt_with is None else attempt_with
     while True:
         attempts += 1
         now: float = yield NOW
-        result = yield from attempt(
-            plan,
+        result = yield from run(
             new_token(),
             holder_info(),
             woken=woken,
@@ -219,10 +231,20 @@ def acquire(
         woken = yield Pause(delay, None if held is None else (held, plan.keys.wake))
 
 
-def try_acquire(plan: LockPlan, token: str, info: str) -> Flow[Grant | None]:
+def _bound(plan: LockPlan) -> AttemptFn:
+    def run(token: str, info: str, *, woken: bool, waiter: str, patience: int) -> Flow[Attempt]:
+        return attempt(plan, token, info, woken=woken, waiter=waiter, patience=patience)
+
+    return run
+
+
+def try_acquire(
+    plan: LockPlan, token: str, info: str, attempt_with: AttemptFn | None = None
+) -> Flow[Grant | None]:
     """One attempt: the grant, ``None`` for contention; raises
     :class:`~fencelock.Unavailable` when too few servers answered."""
-    result = yield from attempt(plan, token, info, woken=False, waiter="-", patience=0)
+    run = _bound(plan) if attempt_with is None else attempt_with
+    result = yield from run(token, info, woken=False, waiter="-", patience=0)
     if result.grant is not None:
         return result.grant
     if result.decision.status is Status.CONTENTION:

@@ -47,7 +47,7 @@ def extend(plan: LockPlan, token: str, ttl_ms: int, deadline: float) -> Flow[Ext
     start: float = yield NOW
     tally = Tally(plan.n)
     yield Broadcast(
-        "extend",
+        plan.wiring.extend,
         plan.everyone,
         plan.extend_keys,
         (token, ttl_ms),

@@ -63,3 +63,36 @@ def lock_keys(name: str) -> LockKeys:
         handoff=base + ":handoff",
         observers=base + ":observers",
     )
+
+
+def slot_keys(name: str, slot: int) -> LockKeys:
+    """Slot ``slot`` of the semaphore ``name``: a lock key of its own, sharing the semaphore's
+    hash tag, ONE fence register (fences grow per semaphore, not per slot), and one waiter
+    set and wake list (a release of any slot wakes a waiter)."""
+    shared = lock_keys(name)
+    own = f"{shared.lock}:slot:{slot}"
+    return LockKeys(
+        lock=own,
+        fence=shared.fence,
+        holder=own + ":holder",
+        waiters=shared.waiters,
+        wake=shared.wake,
+        handoff=own + ":handoff",
+        observers=shared.observers,
+    )
+
+
+@dataclass(frozen=True)
+class RWKeys:
+    """Keys of the read-write lock ``name``: the writer holds the lock key itself (so
+    ``fencelock status`` shows it), readers are members of a zset (token -> expiry in server
+    ms), and a waiting writer's intent key stops new readers."""
+
+    writer: LockKeys
+    readers: str
+    intent: str
+
+
+def rw_keys(name: str) -> RWKeys:
+    writer = lock_keys(name)
+    return RWKeys(writer=writer, readers=writer.lock + ":readers", intent=writer.lock + ":intent")

@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .keys import LockKeys, lock_keys
 from .timing import drift_ms, seconds_to_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """Which script each flow of a plan runs, and on which keys (their ARGV are fixed by the
+    flows: acquire ``token, ttl_ms, info, woken, waiter, patience_ms``; commit ``token, fence``;
+    release ``token, handoff_ms, wake_ms``; extend ``token, ttl_ms``). A plain lock, a
+    semaphore's slot, a reader and a writer differ only here."""
+
+    acquire: str
+    acquire_keys: tuple[str, ...]
+    commit: str
+    commit_keys: tuple[str, ...]
+    release: str
+    release_keys: tuple[str, ...]
+    extend: str
+    extend_keys: tuple[str, ...]
+
+
+def lock_wiring(k: LockKeys) -> Wiring:
+    """The scripts and keys of an ordinary lock (or of one semaphore slot)."""
+    return Wiring(
+        acquire="acquire",
+        acquire_keys=(k.lock, k.fence, k.holder, k.waiters, k.handoff),
+        commit="fence_commit",
+        commit_keys=(k.lock, k.fence),
+        release="release",
+        release_keys=(k.lock, k.holder, k.waiters, k.wake, k.handoff),
+        extend="extend",
+        extend_keys=(k.lock, k.holder),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +60,7 @@ class LockPlan:
     retry_cap_s: float
     handoff_ms: int
     wake_ms: int
+    wiring: Wiring
 
     @property
     def n(self) -> int:
@@ -43,17 +75,15 @@ class LockPlan:
 
     @property
     def acquire_keys(self) -> tuple[str, ...]:
-        k = self.keys
-        return (k.lock, k.fence, k.holder, k.waiters, k.handoff)
+        return self.wiring.acquire_keys
 
     @property
     def release_keys(self) -> tuple[str, ...]:
-        k = self.keys
-        return (k.lock, k.holder, k.waiters, k.wake, k.handoff)
+        return self.wiring.release_keys
 
     @property
     def extend_keys(self) -> tuple[str, ...]:
-        return (self.keys.lock, self.keys.holder)
+        return self.wiring.extend_keys
 
     @property
     def election_keys(self) -> tuple[str, ...]:
@@ -62,7 +92,11 @@ class LockPlan:
 
     @property
     def commit_keys(self) -> tuple[str, ...]:
-        return (self.keys.lock, self.keys.fence)
+        return self.wiring.commit_keys
+
+    def rewired(self, keys: LockKeys, wiring: Wiring) -> LockPlan:
+        """The same lock timing over other keys and scripts (a slot, a reader, a writer)."""
+        return replace(self, keys=keys, wiring=wiring)
 
 
 def make_plan(
@@ -79,10 +113,11 @@ def make_plan(
     wake_lifetime_s: float,
 ) -> LockPlan:
     """A plan from validated options (seconds); raises nothing."""
+    keys = lock_keys(key)
     return LockPlan(
         key=key,
         names=names,
-        keys=lock_keys(key),
+        keys=keys,
         ttl_ms=seconds_to_ms(ttl_s),
         drift_factor=drift_factor,
         drift_min_ms=drift_min_s * 1000.0,
@@ -93,4 +128,5 @@ def make_plan(
         retry_cap_s=retry_cap_s,
         handoff_ms=seconds_to_ms(handoff_window_s) if handoff_window_s else 1,
         wake_ms=seconds_to_ms(wake_lifetime_s),
+        wiring=lock_wiring(keys),
     )

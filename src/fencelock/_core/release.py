@@ -30,14 +30,23 @@ def release_round(
             tally.record(index, Outcome.HELD)
     args = (token, plan.handoff_ms, plan.wake_ms)
     yield Broadcast(
-        "release", targets, plan.release_keys, args, classify_release, None, plan.budget_s, tally
+        plan.wiring.release,
+        targets,
+        plan.release_keys,
+        args,
+        classify_release,
+        None,
+        plan.budget_s,
+        tally,
     )
     # "not ours" on a server we target may mean our grant there has not landed yet (a
     # straggler of the acquire round, on another connection): repeat the release there too
     refused = tuple(i for i in targets if tally.votes.get(i, (None, None))[0] is Outcome.HELD)
     late = tuple(sorted(silent(tally) + _not_sent(tally) + refused))
     if late:
-        yield Repeat("release", late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0)
+        yield Repeat(
+            plan.wiring.release, late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
+        )
     return tally
 
 

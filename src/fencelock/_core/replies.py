@@ -17,6 +17,7 @@ class AcquireReply:
     granted: bool
     fence: int  # the bumped fence register on a grant, else 0
     pttl_ms: int  # the other holder's remaining lease on a refusal (-1 unknown), else 0
+    slot: int = 0  # the semaphore slot granted (sem_acquire), else 0
 
 
 def _int(value: object) -> int:
@@ -44,6 +45,30 @@ def decode_acquire(reply: object) -> AcquireReply:
     if flag == 0:
         return AcquireReply(False, 0, value)
     raise ProtocolError(f"acquire: unknown flag {flag}")
+
+
+def decode_slot_acquire(reply: object) -> AcquireReply:
+    """``sem_acquire.lua`` returns ``{1, fence, slot}`` on a grant and ``{0, pttl_ms}`` when
+    every slot is taken."""
+    if isinstance(reply, list | tuple) and len(reply) == 3 and _int(reply[0]) == 1:
+        fence, slot = _int(reply[1]), _int(reply[2])
+        if fence <= 0 or slot < 0:
+            raise ProtocolError(f"sem_acquire: unexpected reply {reply!r}")
+        return AcquireReply(True, fence, 0, slot)
+    if isinstance(reply, list | tuple) and len(reply) == 2 and _int(reply[0]) == 0:
+        return AcquireReply(False, 0, _int(reply[1]))
+    raise ProtocolError(f"sem_acquire: unexpected reply {reply!r}")
+
+
+def classify_slot_acquire(result: object) -> tuple[Outcome, object]:
+    """A vote from a sem_acquire reply (GRANTED carries the slot in its detail)."""
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    try:
+        reply = decode_slot_acquire(result)
+    except ProtocolError as exc:
+        return Outcome.ERROR, exc
+    return (Outcome.GRANTED if reply.granted else Outcome.HELD), reply
 
 
 def decode_flag(reply: object, script: str) -> bool:

@@ -14,8 +14,8 @@ def script_call(
     EVAL with the full source otherwise (which also caches it there)."""
     script = BY_NAME[name]
     if script.sha in server.loaded:
-        return script, command("EVALSHA", script.sha, script.numkeys, *keys, *args)
-    return script, command("EVAL", script.source, script.numkeys, *keys, *args)
+        return script, command("EVALSHA", script.sha, _numkeys(script, keys), *keys, *args)
+    return script, full_call(script, keys, args)
 
 
 class Calls:
@@ -40,7 +40,7 @@ class Calls:
             head = command(
                 "EVALSHA" if loaded else "EVAL",
                 script.sha if loaded else script.source,
-                script.numkeys,
+                _numkeys(script, keys),
                 *keys,
             )
             # the array header counts the arguments that follow
@@ -58,7 +58,11 @@ CALLS = Calls()
 
 
 def full_call(script: Script, keys: tuple[str, ...], args: tuple[str | int, ...]) -> bytes:
-    return command("EVAL", script.source, script.numkeys, *keys, *args)
+    return command("EVAL", script.source, _numkeys(script, keys), *keys, *args)
+
+
+def _numkeys(script: Script, keys: tuple[str, ...]) -> int:
+    return len(keys) if script.variadic else script.numkeys
 
 
 def is_noscript(reply: object) -> bool:

@@ -16,12 +16,13 @@ class Script:
     name: str
     source: bytes
     sha: str
-    numkeys: int
+    numkeys: int  # KEYS the header documents (for a variadic script: its fixed leading keys)
+    variadic: bool = False  # takes more keys after those (a semaphore's slots): sent as given
 
 
-def _load(name: str, numkeys: int) -> Script:
+def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
     source = resources.files(__package__).joinpath(f"{name}.lua").read_bytes()
-    return Script(name, source, hashlib.sha1(source).hexdigest(), numkeys)
+    return Script(name, source, hashlib.sha1(source).hexdigest(), numkeys, variadic)
 
 
 ACQUIRE = _load("acquire", 5)
@@ -30,6 +31,29 @@ EXTEND = _load("extend", 2)
 FENCE_COMMIT = _load("fence_commit", 2)
 ELECT_ANNOUNCE = _load("elect_announce", 3)
 ELECT_READ = _load("elect_read", 3)
+SEM_ACQUIRE = _load("sem_acquire", 2, variadic=True)
+SEM_SWEEP = _load("sem_sweep", 2, variadic=True)
+RW_READ_ACQUIRE = _load("rw_read_acquire", 6)
+RW_READ_COMMIT = _load("rw_read_commit", 2)
+RW_READ_EXTEND = _load("rw_read_extend", 1)
+RW_READ_RELEASE = _load("rw_read_release", 3)
+RW_WRITE_ACQUIRE = _load("rw_write_acquire", 7)
+RW_WRITE_RELEASE = _load("rw_write_release", 4)
 
-ALL = (ACQUIRE, RELEASE, EXTEND, FENCE_COMMIT, ELECT_ANNOUNCE, ELECT_READ)
+ALL = (
+    ACQUIRE,
+    RELEASE,
+    EXTEND,
+    FENCE_COMMIT,
+    ELECT_ANNOUNCE,
+    ELECT_READ,
+    SEM_ACQUIRE,
+    SEM_SWEEP,
+    RW_READ_ACQUIRE,
+    RW_READ_COMMIT,
+    RW_READ_EXTEND,
+    RW_READ_RELEASE,
+    RW_WRITE_ACQUIRE,
+    RW_WRITE_RELEASE,
+)
 BY_NAME = {script.name: script for script in ALL}

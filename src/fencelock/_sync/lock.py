@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
+from typing import cast
 
 import redis
 
@@ -15,6 +16,7 @@ from .._core.acquire import Grant
 from .._definition import UNSET, Definition
 from .._front import LockFront
 from .._lease import LeaseState, check_at_least, lingers, log
+from .._reentry import HeldBase
 from ..errors import LockLost
 from ..options import Seconds, seconds
 from .driver import Driver
@@ -40,15 +42,36 @@ class Lock(LockFront):
         :class:`~fencelock.Unavailable` when too few servers answered to reach a majority,
         :class:`~fencelock.ConfigError` for a bad ``wait`` or servers that are not independent.
         """
-        return Lease(self, self._driver.run(self._acquire_flow(wait)))
+        reentry = self._reentry
+        if reentry is None:
+            return self._lease(self._driver.run(self._acquire_flow(wait)))
+        current = threading.current_thread()
+        entry = reentry.again(self._lock_id, current)
+        if entry is None:
+            lease = self._lease(self._driver.run(self._acquire_flow(wait)))
+            entry = reentry.first(self._lock_id, current, lease)
+        return cast(Lease, Held(entry))
 
     def try_acquire(self) -> Lease | None:
         """One attempt: a :class:`Lease`, or ``None`` when another holder has the lock.
 
         Raises :class:`~fencelock.Unavailable` (not ``None``) when servers did not answer.
         """
+        reentry = self._reentry
+        current = threading.current_thread()
+        entry = None if reentry is None else reentry.again(self._lock_id, current)
+        if entry is not None:
+            return cast(Lease, Held(entry))
         grant = self._driver.run(self._try_flow())
-        return None if grant is None else Lease(self, grant)
+        if grant is None:
+            return None
+        lease = self._lease(grant)
+        if reentry is None:
+            return lease
+        return cast(Lease, Held(reentry.first(self._lock_id, current, lease)))
+
+    def _lease(self, grant: Grant) -> Lease:
+        return Lease(self, grant)
 
     @contextmanager
     def hold(
@@ -78,20 +101,8 @@ class Lock(LockFront):
         cap = None if max_hold is None else seconds(max_hold, "max_hold")
         least = check_at_least(at_least, cap)
         lease = self.acquire(wait)
-        try:
-            if on_lost is not None:
-                lease.on_lost(on_lost)
-            if renew:
-                lease.keep_alive(max_hold=cap)  # also watches the deadline
-            else:
-                watch_deadline(lease)
+        with holding(lease, renew, cap, on_lost, least):
             yield lease
-        except BaseException as exc:
-            if not (lingers(type(exc)) and lease._linger(least)):
-                lease._release_quietly()
-            raise
-        if lease.lost.is_set() or not lease._linger(least):
-            lease._finish()
 
     def __enter__(self) -> Lease:
         lease = self.acquire()
@@ -116,6 +127,33 @@ class Lock(LockFront):
         self._closed = True
 
 
+@contextmanager
+def holding(
+    lease: Lease,
+    renew: bool,
+    max_hold: float | None,
+    on_lost: LostCallback | None,
+    at_least: float | None = None,
+) -> Iterator[None]:
+    """The body of ``hold()`` around a lease already acquired: renewal (or the deadline
+    watch) while it runs, release after (or at ``acquired_at + at_least``), LockLost if it
+    was lost meanwhile."""
+    try:
+        if on_lost is not None:
+            lease.on_lost(on_lost)
+        if renew:
+            lease.keep_alive(max_hold=max_hold)  # also watches the deadline
+        else:
+            watch_deadline(lease)
+        yield
+    except BaseException as exc:
+        if not (lingers(type(exc)) and lease._linger(at_least)):
+            lease._release_quietly()
+        raise
+    if lease.lost.is_set() or not lease._linger(at_least):
+        lease._finish()
+
+
 class Lease(LeaseState):
     """One acquisition: the proof of ownership (``token``), the fencing number (``fence``) and
     the validity (``remaining()``). Hand ``fence`` to storage with every write.
@@ -130,7 +168,7 @@ class Lease(LeaseState):
     def __init__(self, lock: Lock, grant: Grant) -> None:
         self.lost = threading.Event()
         self.at_risk = threading.Event()
-        super().__init__(lock._definition, grant)
+        super().__init__(lock._grant_definition(grant), grant)
         self.lock = lock
         self._driver = lock._driver
         self._renewal: Renewal | None = None
@@ -221,6 +259,51 @@ class Lease(LeaseState):
         self.release()
 
     def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self._release_quietly()
+        else:
+            self.release()
+
+
+class Permit(Lease):
+    """A semaphore's permit: a :class:`Lease` on one of its slots; ``slot`` is which
+    (0..limit-1)."""
+
+    def __init__(self, lock: Lock, grant: Grant) -> None:
+        super().__init__(lock, grant)
+        self.slot = grant.slot
+
+
+class Held(HeldBase):
+    """A reentrant lock's lease as one acquisition of its owner sees it: the shared lease's
+    token, fence and state; ``release()`` frees the lock only at the outermost one."""
+
+    __slots__ = ()
+
+    def release(self) -> None:
+        if self._leave():
+            self._entry.lease.release()
+
+    def _release_quietly(self) -> None:
+        if self._leave():
+            self._entry.lease._release_quietly()
+
+    def _finish(self) -> None:
+        lease = self._entry.lease
+        if self._leave():
+            lease._finish()
+        elif lease.lost.is_set():
+            raise LockLost(lease.key, f"{lease.key!r}: lease lost while the block ran")
+
+    def __enter__(self) -> Held:
         return self
 
     def __exit__(

@@ -1,0 +1,83 @@
+"""A multi-key lock, written once: all keys or none, taken in sorted key order.
+
+Two multilocks over overlapping keys take their common keys in the same order, so neither can
+hold one while waiting for a key the other holds and waits behind (no deadlock). The wait is
+one budget shared by every key; when a key is not granted in time, the keys already taken are
+released (in reverse order) before the error is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..errors import ConfigError, NotAcquired
+from .acquire import Grant, acquire
+from .effects import NOW, Flow
+from .plan import LockPlan
+from .release import release
+
+
+def check_keys(keys: object) -> tuple[str, ...]:
+    """The keys of a multilock, sorted: a non-empty sequence of distinct non-empty strs."""
+    if isinstance(keys, str) or not isinstance(keys, Sequence | set | frozenset):
+        raise ConfigError("keys must be a sequence of str (not a single str)")
+    names = list(keys)
+    if not names:
+        raise ConfigError("a multilock needs at least one key")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"every key must be a non-empty str, not {name!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"duplicate keys in {names!r}")
+    return tuple(sorted(names))
+
+
+def acquire_all(
+    plans: Sequence[LockPlan],
+    wait_s: float,
+    *,
+    new_token: Callable[[], str],
+    holder_info: Callable[[], str],
+    rand: Callable[[], float],
+) -> Flow[tuple[Grant, ...]]:
+    """Acquire every plan's lock in the given (sorted) order within one wait of ``wait_s``;
+    raises the failing key's NotAcquired / Unavailable after releasing the others."""
+    begin: float = yield NOW
+    deadline = begin + wait_s
+    grants: list[Grant] = []
+    try:
+        for plan in plans:
+            now: float = yield NOW
+            grant = yield from acquire(
+                plan,
+                max(0.0, deadline - now),
+                new_token=new_token,
+                holder_info=holder_info,
+                rand=rand,
+            )
+            grants.append(grant)
+    except GeneratorExit:
+        raise
+    except BaseException:
+        for plan, grant in reversed(list(zip(plans, grants, strict=False))):
+            yield from release(plan, grant.token, expired=False)
+        raise
+    return tuple(grants)
+
+
+def try_acquire_all(
+    plans: Sequence[LockPlan],
+    *,
+    new_token: Callable[[], str],
+    holder_info: Callable[[], str],
+    rand: Callable[[], float],
+) -> Flow[tuple[Grant, ...] | None]:
+    """One attempt per key: every grant, or None (all released) when one key is held."""
+    try:
+        return (
+            yield from acquire_all(
+                plans, 0.0, new_token=new_token, holder_info=holder_info, rand=rand
+            )
+        )
+    except NotAcquired:
+        return None

@@ -1,0 +1,22 @@
+-- rw_write_release: compare-and-delete the write lock; wake every waiter (up to 64): readers
+-- waiting behind the writer may all enter now, and a waiting writer must not miss its turn.
+-- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] waiters (zset: id -> expiry in server ms)
+-- KEYS[4] wake list
+-- ARGV[1] token      ARGV[2] hand-off window in ms (unused)   ARGV[3] wake element lifetime in ms
+-- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+  local waiting = math.min(redis.call('ZCARD', KEYS[3]), 64)
+  if waiting > 0 then
+    redis.call('DEL', KEYS[4])
+    for _ = 1, waiting do redis.call('RPUSH', KEYS[4], '1') end
+    redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  end
+end
+return 1

@@ -1,0 +1,100 @@
+"""The blocking family beside :class:`~fencelock.Lock`: Semaphore, RWLock, MultiLock.
+
+Each is the ordinary lock machinery on other flows or other keys (see ``fencelock._core``);
+this module only drives them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from .._core.acquire import Grant
+from .._definition import UNSET
+from .._family import MultiFront, RWFront
+from .._front import SemaphoreFront
+from ..options import Seconds, seconds
+from .lock import Lease, Lock, LostCallback, Permit, holding
+
+
+class Semaphore(SemaphoreFront, Lock):
+    __doc__ = SemaphoreFront.__doc__
+
+    def acquire(self, wait: Seconds = UNSET) -> Permit:
+        """A permit, waiting up to ``wait`` seconds; see :meth:`fencelock.Lock.acquire`."""
+        return self._lease(self._driver.run(self._acquire_flow(wait)))
+
+    def try_acquire(self) -> Permit | None:
+        """One attempt: a permit, or ``None`` when all ``limit`` are taken."""
+        grant = self._driver.run(self._try_flow())
+        return None if grant is None else self._lease(grant)
+
+    def _lease(self, grant: Grant) -> Permit:
+        return Permit(self, grant)
+
+
+class RWLock(RWFront[Lock]):
+    __doc__ = RWFront.__doc__
+    _lock_class = Lock
+
+    def acquire_read(self, wait: Seconds = UNSET) -> Lease:
+        """A reader's lease (many at once), waiting up to ``wait`` seconds."""
+        return self._reader.acquire(wait)
+
+    def acquire_write(self, wait: Seconds = UNSET) -> Lease:
+        """The writer's lease (no reader, no other writer), waiting up to ``wait`` seconds."""
+        return self._writer.acquire(wait)
+
+    def try_read(self) -> Lease | None:
+        return self._reader.try_acquire()
+
+    def try_write(self) -> Lease | None:
+        return self._writer.try_acquire()
+
+    def read(self, wait: Seconds = UNSET, renew: bool = True, **kwargs: Any) -> Any:
+        """``with rw.read(wait=5) as lease``: a reader's ``hold()``."""
+        return self._reader.hold(wait, renew, **kwargs)
+
+    def write(self, wait: Seconds = UNSET, renew: bool = True, **kwargs: Any) -> Any:
+        """``with rw.write(wait=5) as lease``: the writer's ``hold()``."""
+        return self._writer.hold(wait, renew, **kwargs)
+
+
+class MultiLock(MultiFront[Lock]):
+    __doc__ = MultiFront.__doc__
+    _lock_class = Lock
+
+    def acquire(self, wait: Seconds = UNSET) -> tuple[Lease, ...]:
+        """Every key's lease (in sorted key order), or NotAcquired/Unavailable with none held."""
+        return self._leases(self._driver.run(self._acquire_flow(wait)))
+
+    def try_acquire(self) -> tuple[Lease, ...] | None:
+        """One attempt per key: every lease, or ``None`` (nothing held) when one is taken."""
+        grants = self._driver.run(self._try_flow())
+        return None if grants is None else self._leases(grants)
+
+    @contextmanager
+    def hold(
+        self,
+        wait: Seconds = UNSET,
+        renew: bool = True,
+        *,
+        max_hold: Seconds | None = None,
+        on_lost: LostCallback | None = None,
+    ) -> Iterator[tuple[Lease, ...]]:
+        """``with multi.hold() as leases``: all keys held and renewed while the block runs,
+        all released after; LockLost on leaving when any of them was lost."""
+        cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        leases = self.acquire(wait)
+        with ExitStack() as stack:
+            try:
+                for lease in leases:
+                    stack.enter_context(holding(lease, renew, cap, on_lost))
+            except BaseException:
+                for lease in leases:
+                    lease._release_quietly()
+                raise
+            yield leases
+
+    def _leases(self, grants: tuple[Grant, ...]) -> tuple[Lease, ...]:
+        return tuple(lock._lease(g) for lock, g in zip(self._locks, grants, strict=True))
