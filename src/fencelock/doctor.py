@@ -77,20 +77,19 @@ EXIT_UNREACHABLE = 69
 ACL_SETUSER = (
     "ACL SETUSER fencelock on >CHANGE-ME resetkeys ~fencelock:* resetchannels -@all "
     "+ping +info +role +select +eval +evalsha +blpop "
-    "+get +set +del +exists +pexpire +pttl +hget +hset +zadd +zrem +zcard +zremrangebyscore "
-    "+rpush +time"
+    "+get +set +del +exists +pexpire +pttl +zadd +zrem +zcard +zremrangebyscore +rpush +time"
 )
 
 # what fencelock sends itself, and what its Lua scripts call (checked per call by the server)
 _DIRECT = ("PING", "INFO", "ROLE", "EVAL", "EVALSHA", "BLPOP")
 _IN_SCRIPTS = (
-    "SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "HSET", "HGET", "ZADD", "ZCARD",
+    "SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "ZADD", "ZCARD",
     "ZREMRANGEBYSCORE", "ZREM", "RPUSH", "TIME", "DEL",
 )  # fmt: skip
 _OPTIONAL = frozenset({"INFO", "ROLE"})  # without them: no identity checks, still works
 _PROBE_BASE = "fencelock:{fencelock-doctor}"
-_PROBE_KEYS = tuple(f"{_PROBE_BASE}:{kind}" for kind in ("string", "hash", "zset", "list"))
-# KEYS: string, hash, zset, list probe keys. Returns the commands refused by the ACL, each as
+_PROBE_KEYS = tuple(f"{_PROBE_BASE}:{kind}" for kind in ("string", "zset", "list"))
+# KEYS: string, zset, list probe keys. Returns the commands refused by the ACL, each as
 # "NAME=error". Every key gets a 1 s TTL as soon as it exists, and DEL removes them at the end.
 _PROBE_SCRIPT = """
 local denied = {}
@@ -109,18 +108,15 @@ try('GET', KEYS[1])
 try('PTTL', KEYS[1])
 try('PEXPIRE', KEYS[1], 1000)
 try('EXISTS', KEYS[1])
-try('HSET', KEYS[2], 'f', '1')
+try('ZADD', KEYS[2], 1, 'm')
 try('PEXPIRE', KEYS[2], 1000)
-try('HGET', KEYS[2], 'f')
-try('ZADD', KEYS[3], 1, 'm')
+try('ZCARD', KEYS[2])
+try('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(0')
+try('ZREM', KEYS[2], 'm')
+try('RPUSH', KEYS[3], 'x')
 try('PEXPIRE', KEYS[3], 1000)
-try('ZCARD', KEYS[3])
-try('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(0')
-try('ZREM', KEYS[3], 'm')
-try('RPUSH', KEYS[4], 'x')
-try('PEXPIRE', KEYS[4], 1000)
 try('TIME')
-try('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+try('DEL', KEYS[1], KEYS[2], KEYS[3])
 return denied
 """
 
@@ -324,8 +320,8 @@ def _clock(client: redis.Redis, probe: _Probe) -> None:
 def _permissions(client: redis.Redis, probe: _Probe) -> None:
     """Try what fencelock sends, harmlessly, as this user (NOPERM is recorded)."""
     _try(probe, "EVALSHA", lambda: _execute(client, "EVALSHA", "0" * 40, 0))
-    _try(probe, "BLPOP", lambda: _execute(client, "BLPOP", _PROBE_KEYS[3], "0.01"))
-    reply = _try(probe, "EVAL", lambda: client.eval(_PROBE_SCRIPT, 4, *_PROBE_KEYS))
+    _try(probe, "BLPOP", lambda: _execute(client, "BLPOP", _PROBE_KEYS[2], "0.01"))
+    reply = _try(probe, "EVAL", lambda: client.eval(_PROBE_SCRIPT, len(_PROBE_KEYS), *_PROBE_KEYS))
     if "EVAL" in probe.denied:
         probe.unjudged = list(_IN_SCRIPTS)  # scripts cannot run at all
     elif isinstance(reply, list):

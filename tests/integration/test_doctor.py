@@ -161,7 +161,7 @@ def test_the_least_privilege_user_passes_the_acl_check(fencelock_server: Server)
 
 @pytest.mark.parametrize(
     ("missing", "expected"),
-    [("-eval", "EVAL"), ("-evalsha", "EVALSHA"), ("-blpop", "BLPOP"), ("-hset", "HSET"),
+    [("-eval", "EVAL"), ("-evalsha", "EVALSHA"), ("-blpop", "BLPOP"), ("-zadd", "ZADD"),
      ("-pexpire", "PEXPIRE"), ("-time", "TIME")],
 )  # fmt: skip
 def test_a_user_missing_one_permission_fails_the_acl_check_naming_it(

@@ -29,7 +29,7 @@ from .._core.effects import (
 )
 from .._core.quorum import Outcome, Tally
 from .._engine.handshake import HandshakeError
-from .._engine.resp import command
+from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect
 from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._sync.background import background
@@ -358,6 +358,10 @@ class AsyncDriver:
         finally:
             timer.cancel()
         give_back(server, loop, conn)
+        if isinstance(replies[0], ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
         return isinstance(replies[0], list)
 
 

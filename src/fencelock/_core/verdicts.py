@@ -28,6 +28,34 @@ def votes(tally: Tally, names: Sequence[str]) -> list[ServerVote]:
     return result
 
 
+#: What a server says when the user's ACL refuses a command: directly (``NOPERM``), or inside
+#: a script (Valkey: "ACL failure in script"; Redis 7: "The user executing the script can't
+#: run this command or subcommand" / "... can't access at least one of the keys").
+_ACL_REFUSALS = ("NOPERM", "ACL failure", "user executing the script can't")
+
+
+def acl_refused(tally: Tally) -> bool:
+    """True when some server refused the round's command for the user's ACL."""
+    for outcome, detail in tally.votes.values():
+        if outcome is Outcome.ERROR and isinstance(detail, BaseException):
+            text = str(detail)
+            if any(marker in text for marker in _ACL_REFUSALS):
+                return True
+    return False
+
+
+ACL_HINT = (
+    "the server's ACL refused a command (NOPERM): the user needs every command fencelock sends "
+    "and its scripts call, on fencelock:* keys (the least-privilege ACL SETUSER line is in "
+    "docs/deploying.md; `fencelock doctor` names what is missing)"
+)
+
+
+def outage(tally: Tally, what: str) -> str:
+    """Why a round failed for want of answers: ``what``, or the ACL refusal when there is one."""
+    return ACL_HINT if acl_refused(tally) else what
+
+
 def acquire_failure(
     key: str, decision: AcquireDecision, tally: Tally, names: Sequence[str], attempts: int
 ) -> NotAcquired | Unavailable:
@@ -38,7 +66,8 @@ def acquire_failure(
         return NotAcquired(key, f"{text}: held by another holder", evidence, attempts)
     if decision.status is Status.TOO_SLOW:
         return Unavailable(key, f"{text}, but the round outlived the lease", evidence, attempts)
-    return Unavailable(key, f"{text}: too few servers answered", evidence, attempts)
+    reason = outage(tally, "too few servers answered")
+    return Unavailable(key, f"{text}: {reason}", evidence, attempts)
 
 
 def may_have_landed(tally: Tally) -> tuple[int, ...]:

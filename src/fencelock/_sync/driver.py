@@ -31,7 +31,7 @@ from .._core.effects import (
 from .._core.quorum import Outcome, Tally
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
-from .._engine.resp import command
+from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect
 from .._engine.wire import PING, full_call, is_noscript, script_call
 from .._scripts import Script
@@ -353,4 +353,8 @@ class Driver:
             return False
         server.idle.append(conn)
         reply = replies[0]
+        if isinstance(reply, ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                time.sleep(rest)
         return isinstance(reply, list)
