@@ -40,6 +40,7 @@ _FIELDS = (
     "handoff_window",
     "holder_info",
     "purpose",
+    "restart_delay",
 )
 
 
@@ -79,7 +80,10 @@ class LockFront:
       ``ttl/10`` within [0.05, 1.0]); ``drift_factor`` / ``drift_min``: clock-drift allowance
       ``ttl * factor + min`` taken off every lease's validity;
     - ``renew_every``: watchdog period (default ``ttl/3``);
-    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``.
+    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``;
+    - ``restart_delay``: a server seen restarting (its ``run_id`` changed) less than ``ttl`` ago
+      does not vote, so a restart that lost its keys cannot let a second majority form (default
+      None: on for N > 1 servers, off for one).
 
     Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
     """
@@ -100,6 +104,7 @@ class LockFront:
         handoff_window: Seconds = HANDOFF_WINDOW,
         holder_info: bool = True,
         purpose: str | None = None,
+        restart_delay: bool | None = None,
     ) -> None:
         args = (
             ttl,
@@ -113,6 +118,7 @@ class LockFront:
             handoff_window,
             holder_info,
             purpose,
+            restart_delay,
         )
         self._setup(Definition(resolve(servers), key, _options(args)))
 

@@ -38,10 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypedDict
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from ._plain_clients import client_kwargs, describe
+from ._plain_clients import describe, plain_client
 from .errors import ConfigError
 from .options import check_url, redact_url, seconds
 
@@ -180,12 +178,7 @@ class _Probe:
 
 
 def _client(url: str, timeout: float) -> redis.Redis:
-    base = redis.ConnectionPool.from_url(url)
-    kwargs = client_kwargs(base.connection_kwargs, timeout)
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    pool = redis.ConnectionPool(connection_class=base.connection_class, **kwargs)
-    base.disconnect()
-    client = redis.Redis(connection_pool=pool)
+    client = plain_client(url, timeout)
     client.set_response_callback("COMMAND", lambda reply, **_: reply)  # raw COMMAND INFO
     return client
 

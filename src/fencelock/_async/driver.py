@@ -82,6 +82,8 @@ def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
     pool = _pool(server, loop)
     if pool and pool[0].usable:
         return pool[0]
+    if pool:
+        server.connection_failed()  # closed under us: it may have restarted, so ask
     conn = AsyncConnection(server.address, identify=server.recheck)
     if pool:
         pool[0].close()
@@ -158,6 +160,7 @@ class _Round:
             if call.conn.fresh or isinstance(exc, HandshakeError):
                 raise
             call.conn.close()
+            server.connection_failed()  # a restarted server: learn its new identity
             call.conn = shared(server, asyncio.get_running_loop())
             replies = await call.conn.request(payload, 1)
         if script is not None and is_noscript(replies[0]):

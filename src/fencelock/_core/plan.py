@@ -15,7 +15,9 @@ class LockPlan:
     - ``ttl_ms``: lease length; ``drift_factor`` / ``drift_min_ms``: the clock-drift allowance
       ``ttl * factor + min`` taken off every validity;
     - ``budget_s``: the longest a round may take (connect, handshake and reply together);
-    - ``handoff_ms`` / ``wake_ms``: the release script's hand-off window and wake lifetime.
+    - ``handoff_ms`` / ``wake_ms``: the release script's hand-off window and wake lifetime;
+    - ``restart_delay``: a server seen restarting (its run_id changed) less than ``ttl_ms`` ago
+      does not vote in an acquire (see ``verdicts.restarting``).
     """
 
     key: str
@@ -29,6 +31,7 @@ class LockPlan:
     retry_cap_s: float
     handoff_ms: int
     wake_ms: int
+    restart_delay: bool = False
 
     @property
     def n(self) -> int:
@@ -72,6 +75,7 @@ def make_plan(
     retry_cap_s: float,
     handoff_window_s: float,
     wake_lifetime_s: float,
+    restart_delay: bool = False,
 ) -> LockPlan:
     """A plan from validated options (seconds); raises nothing."""
     return LockPlan(
@@ -88,4 +92,5 @@ def make_plan(
         retry_cap_s=retry_cap_s,
         handoff_ms=seconds_to_ms(handoff_window_s) if handoff_window_s else 1,
         wake_ms=seconds_to_ms(wake_lifetime_s),
+        restart_delay=restart_delay,
     )

@@ -100,6 +100,48 @@ def first_held(tally: Tally) -> int | None:
     return min(held) if held else None
 
 
+class RestartDelay(RuntimeError):
+    """A server's grant that does not count: it restarted (its ``run_id`` changed) less than
+    the lock's ttl ago, so it may have forgotten a lease that is still valid elsewhere."""
+
+
+def restarting(
+    identities: Sequence[Identity | None], now_s: float, ttl_ms: int
+) -> dict[int, float]:
+    """Servers that restarted less than ``ttl_ms`` ago (index -> seconds since the restart).
+
+    A server restarted without persistence forgot the leases it had granted, and its fence
+    register; a key it grants again could form a second majority beside a lease still valid
+    on the others (and, with clocks skewed, a smaller fence). Once the longest lease granted
+    before the restart has run out (uptime > ttl), its votes count again (antirez's "delayed
+    restart"). Only a restart this process saw (a changed run_id) is known.
+    """
+    result = {}
+    for index, identity in enumerate(identities):
+        restarted_at = None if identity is None else identity.restarted_at
+        if restarted_at is not None and (now_s - restarted_at) * 1000.0 < ttl_ms:
+            result[index] = max(0.0, now_s - restarted_at)
+    return result
+
+
+def without_restarted(
+    tally: Tally, recent: dict[int, float], names: Sequence[str], ttl_ms: int
+) -> Tally:
+    """The tally with the grants of recently restarted servers turned into errors (a
+    :class:`RestartDelay` cause): they do not count, and the cleanup still releases them."""
+    counted = Tally(tally.n)
+    for index, (outcome, detail) in tally.votes.items():
+        if outcome is Outcome.GRANTED and index in recent:
+            cause = RestartDelay(
+                f"{names[index]} restarted {recent[index]:.1f} s ago: no vote until its uptime "
+                f"exceeds the ttl ({ttl_ms / 1000:g} s) (restart_delay)"
+            )
+            counted.record(index, Outcome.ERROR, cause)
+        else:
+            counted.record(index, outcome, detail)
+    return counted
+
+
 def independence_problem(
     identities: Sequence[Identity | None], names: Sequence[str]
 ) -> ConfigError | None:

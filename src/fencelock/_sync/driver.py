@@ -56,6 +56,7 @@ def take(server: Server) -> Connection:
         if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
             return conn
         conn.close()
+        server.connection_failed()  # closed by the server: it may have restarted, so ask
     return Connection(server.address, identify=server.recheck)
 
 
@@ -226,6 +227,7 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc):
                 call.retried = True
+                call.server.connection_failed()  # a restarted server: learn its new identity
                 call.conn = Connection(call.server.address, identify=call.server.recheck)
                 self._start(round_, call)
                 return
@@ -272,6 +274,7 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
                 call.retried = True
+                call.server.connection_failed()  # a restarted server: learn its new identity
                 call.conn = Connection(call.server.address, identify=call.server.recheck)
                 self._start(round_, call)
                 return
