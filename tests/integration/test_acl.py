@@ -189,3 +189,8 @@ def test_a_waiter_whose_user_may_not_blpop_sleeps_instead_of_spinning(
     thread.join(10)
     assert got and got[0].fence > lease.fence
     got[0].release()
+
+
+def test_the_documented_line_is_the_one_tested() -> None:
+    docs = Path(__file__).parents[2] / "docs" / "deploying.md"
+    assert ACL_SETUSER in docs.read_text()
