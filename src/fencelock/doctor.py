@@ -573,7 +573,7 @@ def diagnose(servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) 
             "reachable",
             not unreachable,
             "error",
-            "; ".join(f"{p.row['server']}: {p.error}" for p in unreachable)
+            "; ".join(f"{p.row['server']}: {(p.error or '').rstrip('.')}" for p in unreachable)
             + ". Change: check the URL, the password, the network and that the server runs."
             if unreachable
             else f"{len(probes)} of {len(probes)} servers answered",
