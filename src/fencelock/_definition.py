@@ -65,6 +65,9 @@ class Definition:
             retry_cap_s=options.retry_cap,
             handoff_window_s=options.handoff_window,
             wake_lifetime_s=WAKE_LIFETIME,
+            restart_delay=(
+                len(servers) > 1 if options.restart_delay is None else options.restart_delay
+            ),
         )
         purpose = options.purpose
         self.holder: Callable[[], str] = (

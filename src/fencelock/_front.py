@@ -43,6 +43,7 @@ _FIELDS = (
     "handoff_window",
     "holder_info",
     "purpose",
+    "restart_delay",
 )
 
 
@@ -109,6 +110,9 @@ class LockFront:
     - ``reentrant``: the same owner (the thread; in asyncio the task; or ``owner``, an id of
       your choosing) acquiring again gets the lease it holds (same token and fence) instead of
       waiting for itself; only the outermost acquire and release talk to the servers.
+    - ``restart_delay``: a server seen restarting (its ``run_id`` changed) less than ``ttl`` ago
+      does not vote, so a restart that lost its keys cannot let a second majority form (default
+      None: on for N > 1 servers, off for one).
 
     Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
     """
@@ -131,6 +135,7 @@ class LockFront:
         purpose: str | None = None,
         reentrant: bool = False,
         owner: str | None = None,
+        restart_delay: bool | None = None,
     ) -> None:
         args = (
             ttl,
@@ -144,6 +149,7 @@ class LockFront:
             handoff_window,
             holder_info,
             purpose,
+            restart_delay,
         )
         reentry = make_reentry(reentrant, owner)
         self._setup(_definition(servers, key, _options(args)))

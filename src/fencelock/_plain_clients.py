@@ -7,6 +7,10 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 # redis-py >= 8 names the CLIENT SETINFO metadata ``driver_info`` (``lib_name`` is deprecated)
 _HAS_DRIVER_INFO = importlib.util.find_spec("redis.driver_info") is not None
 
@@ -16,6 +20,17 @@ def describe(kwargs: Mapping[str, Any]) -> str:
     if kwargs.get("path"):
         return f"unix:{kwargs['path']}"
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def plain_client(url: str, timeout: float) -> redis.Redis:
+    """A redis-py client of our own for ``url``: short timeouts, no retries, no handshake
+    extras (see :func:`client_kwargs`)."""
+    base = redis.ConnectionPool.from_url(url)
+    kwargs = client_kwargs(base.connection_kwargs, timeout)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    pool = redis.ConnectionPool(connection_class=base.connection_class, **kwargs)
+    base.disconnect()
+    return redis.Redis(connection_pool=pool)
 
 
 def client_kwargs(base: Mapping[str, Any], timeout: float) -> dict[str, Any]:

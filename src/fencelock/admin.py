@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import redis
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
-from redis.retry import Retry
 
 from ._core.keys import LockKeys, lock_keys
-from ._plain_clients import client_kwargs, describe
+from ._plain_clients import describe, plain_client
 from ._scripts import RELEASE
 from .errors import ConfigError
 from .options import HANDOFF_WINDOW, WAKE_LIFETIME, check_key, check_url, seconds
@@ -215,12 +213,7 @@ def _check(servers: object, key: object, timeout: object) -> tuple[list[str], st
 
 def _client(url: str, timeout: float) -> redis.Redis:
     """A client of our own: short timeouts, no retries, no handshake extras."""
-    base = redis.ConnectionPool.from_url(url)
-    kwargs = client_kwargs(base.connection_kwargs, timeout)
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    pool = redis.ConnectionPool(connection_class=base.connection_class, **kwargs)
-    base.disconnect()
-    return redis.Redis(connection_pool=pool)
+    return plain_client(url, timeout)
 
 
 def _name(client: redis.Redis) -> str:

@@ -2,7 +2,7 @@
 
 ``main(argv) -> int`` parses the command line and maps exceptions to exit codes through one
 table (:data:`EXIT_CODES`). Subcommands: ``run`` (a distributed ``flock(1)``), ``status``,
-``release``, and the lazily imported ``demo``, ``chaos`` and ``bench``.
+``release``, and the lazily imported ``demo``, ``chaos``, ``bench`` and ``doctor``.
 
 Exit codes (``sysexits.h`` where one fits):
 
@@ -12,8 +12,8 @@ Exit codes (``sysexits.h`` where one fits):
 - 75 not acquired in time (``run --conflict-exit-code`` changes it).
 
 Servers: repeated ``--server URL``, else ``$FENCELOCK_SERVERS`` (comma-separated), else
-``redis://127.0.0.1:6379/0`` for ``run``, ``status`` and ``release`` (``bench`` starts an
-embedded server instead). No password from a URL is ever printed or logged.
+``redis://127.0.0.1:6379/0`` for ``run``, ``status``, ``release`` and ``doctor`` (``bench``
+starts an embedded server instead). No password from a URL is ever printed or logged.
 """
 
 from __future__ import annotations
@@ -356,6 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     _add_common(bench)
     bench.set_defaults(handler=_cmd_bench)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check the servers: eviction, persistence, clocks, independence, replicas, ACLs",
+        description="Ask every server what decides whether locks and fences hold there, and "
+        "say what to change (exit 0 all checks ok, 1 a check failed, 69 a server unreachable).",
+    )
+    _add_servers(doctor, DEFAULT_SERVER)
+    doctor.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    _add_common(doctor)
+    doctor.set_defaults(handler=_cmd_doctor)
     return parser
 
 
@@ -377,7 +388,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args, extra = parser.parse_known_args(options)
     name = args.command_name
     if name is None:
-        parser.error("a command is needed: run, elect, status, release, demo, chaos or bench")
+        parser.error(
+            "a command is needed: run, elect, status, release, demo, chaos, bench or doctor"
+        )
     sub = _subparser(parser, name)
     if extra:
         hint = " (put the command after '--')" if name in ("run", "elect") else ""
@@ -875,6 +888,11 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     servers = resolve_servers(args.servers, [])
     return _lazy("fencelock.bench", args, servers=servers, json_output=args.json)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    servers = resolve_servers(args.servers, [DEFAULT_SERVER])
+    return _lazy("fencelock.doctor", args, servers=servers, json_output=args.json)
 
 
 # -- entry points ---------------------------------------------------------------------------------

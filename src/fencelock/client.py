@@ -62,6 +62,7 @@ class _ClientBase(Generic[L]):
         handoff_window: Seconds = HANDOFF_WINDOW,
         holder_info: bool = True,
         purpose: str | None = None,
+        restart_delay: bool | None = None,
     ) -> None:
         self._raw: dict[str, Any] = {
             "server_timeout": server_timeout,
@@ -73,6 +74,7 @@ class _ClientBase(Generic[L]):
             "handoff_window": handoff_window,
             "holder_info": holder_info,
             "purpose": purpose,
+            "restart_delay": restart_delay,
         }
         self.options = LockOptions.build(ttl=ttl, wait=wait, **self._raw)
         self._servers: tuple[Server, ...] = resolve(servers)

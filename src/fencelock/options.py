@@ -150,6 +150,9 @@ class LockOptions:
     handoff_window: float = HANDOFF_WINDOW
     holder_info: bool = True
     purpose: str | None = None
+    #: None: on for N > 1 servers (where a wiped restart could let a second majority form),
+    #: off for one server (whose restart loses the lock whatever we do; fences keep growing)
+    restart_delay: bool | None = None
 
     @classmethod
     def build(
@@ -166,6 +169,7 @@ class LockOptions:
         handoff_window: object = HANDOFF_WINDOW,
         holder_info: object = True,
         purpose: object = None,
+        restart_delay: object = None,
     ) -> LockOptions:
         """Validate raw arguments; raises :class:`ConfigError` naming the first bad one."""
         ttl_s = seconds(ttl, "ttl")
@@ -189,6 +193,8 @@ class LockOptions:
             raise ConfigError(f"renew_every ({renew_s} s) must be shorter than ttl ({ttl_s} s)")
         if not isinstance(holder_info, bool):
             raise ConfigError(f"holder_info must be a bool, not {holder_info!r}")
+        if restart_delay is not None and not isinstance(restart_delay, bool):
+            raise ConfigError(f"restart_delay must be a bool or None, not {restart_delay!r}")
         if purpose is not None and not isinstance(purpose, str):
             raise ConfigError(f"purpose must be a str or None, not {purpose!r}")
         base_s = seconds(retry_base, "retry_base")
@@ -207,4 +213,5 @@ class LockOptions:
             handoff_window=seconds(handoff_window, "handoff_window", allow_zero=True),
             holder_info=holder_info,
             purpose=purpose,
+            restart_delay=restart_delay,
         )

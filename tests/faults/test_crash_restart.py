@@ -4,8 +4,11 @@ holder A holds on {0, 1} only (server 2 cut off while A acquires), then server 1
 (``kill -9``) and restarted, and B tries to take the lock on {1, 2} while A's lease is valid.
 
 - ``appendfsync always``: server 1 comes back with A's key -> B is refused: no double grant;
-- no persistence, immediate restart (the canary: mitigation off): server 1 comes back empty ->
-  B is granted while A's lease is valid: the overlap checker must report a double grant;
+- no persistence, immediate restart, ``restart_delay=False`` (the canary: mitigations off):
+  server 1 comes back empty -> B is granted while A's lease is valid: the overlap checker must
+  report a double grant;
+- the same with ``restart_delay`` (the default for N > 1): server 1's grant does not count while
+  its uptime is below the ttl -> B is refused: no double grant;
 - no persistence, restart after more than the TTL: A's lease has ended when B gets it.
 
 Fences never go backwards: even the double grant hands B a larger fence (the TIME floor), so
@@ -14,6 +17,7 @@ fenced storage still refuses A.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -31,11 +35,14 @@ def lease_ops(worker: int, lease: Lease, invoked_ns: int, acquired_ns: int) -> l
     return [Op(worker, 1, "acquire", "ok", invoked_ns, acquired_ns, lease.fence, None, until)]
 
 
-def crash_scenario(persistence: Persistence, restart_delay: float) -> tuple[list[Op], bool]:
-    """Returns A's and B's acquisitions as a history, and whether B got the lock."""
+def crash_scenario(
+    persistence: Persistence, restart_delay: float, *, delay_votes: bool = True
+) -> tuple[list[Op], bool]:
+    """Returns A's and B's acquisitions as a history, and whether B got the lock
+    (``delay_votes``: the locks' ``restart_delay`` option)."""
     topo = Topology(3, persistence=persistence).start()
-    a = Lock(topo.lock_urls, "crash", ttl=TTL, server_timeout=0.2)
-    b = Lock(topo.lock_urls, "crash", ttl=TTL, server_timeout=0.2)
+    a = Lock(topo.lock_urls, "crash", ttl=TTL, server_timeout=0.2, restart_delay=delay_votes)
+    b = Lock(topo.lock_urls, "crash", ttl=TTL, server_timeout=0.2, restart_delay=delay_votes)
     try:
         topo.proxies[2].blackhole()
         t = time.monotonic_ns()
@@ -70,11 +77,17 @@ def test_crash_restart_with_appendfsync_always_grants_no_second_lease() -> None:
 
 
 def test_canary_crash_immediate_restart_without_persistence_double_grants() -> None:
-    ops, b_granted = crash_scenario("none", restart_delay=0.05)
+    ops, b_granted = crash_scenario("none", restart_delay=0.05, delay_votes=False)
     assert b_granted
     overlap = check_lease_overlap(lease_windows(ops))
     assert overlap.double_grants == 1  # the checker sees two valid leases at once
     assert check_fences(ops).ok  # ... but fences still only grow
+
+
+def test_crash_immediate_restart_with_restart_delay_grants_no_second_lease() -> None:
+    ops, b_granted = crash_scenario("none", restart_delay=0.05, delay_votes=True)
+    assert not b_granted  # server 1's grant did not count: {1, 2} is no majority
+    assert check_lease_overlap(lease_windows(ops)).double_grants == 0
 
 
 def test_crash_delayed_restart_without_persistence_grants_no_overlapping_lease() -> None:
@@ -98,3 +111,33 @@ def test_fences_do_not_go_backwards_after_a_wiped_restart(persistence: Persisten
     finally:
         lock.close()
         topo.stop()
+
+
+def test_asyncio_locks_also_do_not_count_a_restarted_servers_grant() -> None:
+    """The same crash over the asyncio front end (restart_delay left to its default)."""
+    aio = pytest.importorskip("fencelock.asyncio")
+
+    async def scenario(topo: Topology) -> tuple[bool, bool]:
+        a = aio.Lock(topo.lock_urls, "crash-async", ttl=TTL, server_timeout=0.2)
+        b = aio.Lock(topo.lock_urls, "crash-async", ttl=TTL, server_timeout=0.2)
+        topo.proxies[2].blackhole()
+        lease_a = await a.acquire(wait=1.0)
+        topo.heal_network()
+        topo.servers[1].kill()
+        topo.servers[1].restart()
+        try:
+            await b.acquire(wait=1.0)
+        except NotAcquired as exc:
+            causes = [str(v.cause) for v in exc.votes if v.outcome == "error"]
+            return False, any("restart_delay" in cause for cause in causes)
+        finally:
+            assert lease_a.valid
+        return True, False
+
+    topo = Topology(3, persistence="none").start()
+    try:
+        b_granted, delayed = asyncio.run(scenario(topo))
+    finally:
+        topo.stop()
+    assert not b_granted
+    assert delayed  # refused because server 1's vote was held back, not by chance

@@ -229,7 +229,9 @@ def test_fences_grow_across_restart_with_wipe(
     fencelock_servers: Any, make_lock: LockFactory, key: str, n: int
 ) -> None:
     group = fencelock_servers(n)
-    lock = make_lock(group.urls, key, ttl=10)
+    # restart_delay off: this is about the TIME floor of fences, not about votes (with it on,
+    # servers that all restarted a moment ago would not vote for a ttl)
+    lock = make_lock(group.urls, key, ttl=10, restart_delay=False)
     before = []
     for _ in range(5):
         lease = lock.acquire(wait=1)

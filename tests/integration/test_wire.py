@@ -8,14 +8,11 @@ whatever $FENCELOCK_SERVER_BIN says.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import selectors
 import shutil
-import signal
 import socket
 import ssl
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tls import tls_redis
 
 from fencelock._async.connection import AsyncConnection
 from fencelock._engine import resp
@@ -30,10 +28,9 @@ from fencelock._engine.address import TLS, Address
 from fencelock._engine.handshake import HandshakeError, Identity
 from fencelock._engine.resp import ReplyError, command
 from fencelock._sync.connection import Connection
-from fencelock.servers import Server, free_port
+from fencelock.servers import Server
 
 PING = command("PING")
-REDIS_TLS_BINARY = "/usr/bin/redis-server"
 
 # one request on a new connection: (address, payload, replies) -> (replies, identity)
 Roundtrip = Callable[[Address, bytes, int], tuple[list[object], Identity | None]]
@@ -501,83 +498,12 @@ def test_one_request_at_a_time(server: Server) -> None:
 # ---- TLS -----------------------------------------------------------------------------------------
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
-
-
-def _make_ca(directory: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2",
-        "-subj", f"/CN=fencelock {name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=directory,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     """A TLS-only redis-server (port, directory holding ca.crt and other-ca.crt)."""
-    if not os.access(REDIS_TLS_BINARY, os.X_OK):
-        pytest.skip(f"{REDIS_TLS_BINARY} (a Redis built with TLS) is not installed")
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make test certificates")
     directory = tmp_path_factory.mktemp("tls")
-    _make_ca(directory, "ca")
-    _make_ca(directory, "other-ca")
-    (directory / "ext.cnf").write_text(
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n"
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-    )
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost",
-        cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf",
-        cwd=directory,
-    )  # fmt: skip
-    port = free_port()
-    (directory / "data").mkdir()
-    proc = subprocess.Popen(
-        [
-            REDIS_TLS_BINARY, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
-            "--tls-cert-file", str(directory / "server.crt"),
-            "--tls-key-file", str(directory / "server.key"),
-            "--tls-ca-cert-file", str(directory / "ca.crt"), "--tls-auth-clients", "no",
-            "--save", "", "--appendonly", "no", "--daemonize", "no",
-            "--dir", str(directory / "data"),
-            "--logfile", str(directory / "server.log"),
-        ],
-        cwd=directory,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        address = Address(host="127.0.0.1", port=port, tls=TLS(ca_certs=str(directory / "ca.crt")))
-        deadline = time.monotonic() + 10.0
-        while True:
-            assert proc.poll() is None, (directory / "server.log").read_text()
-            try:
-                Connection(address).call(PING, 1, 0.5)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+    with tls_redis(directory) as port:
         yield port, directory
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5.0)
 
 
 def test_a_tls_connection_verified_by_its_ca_works(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -56,6 +56,7 @@ def plan_of(n: int, ttl_s: float = 10.0) -> LockPlan:
 class Ident:
     run_id: str
     role: str = "master"
+    restarted_at: float | None = None
 
 
 @dataclass
@@ -235,6 +236,52 @@ def test_a_replica_given_as_a_node_is_a_config_error() -> None:
     )
     with pytest.raises(ConfigError, match="replica"):
         driver.run(try_acquire(plan_of(3), "tok", ""))
+
+
+def restart_plan(n: int, ttl_s: float = 10.0) -> LockPlan:
+    return replace(plan_of(n, ttl_s), restart_delay=True)
+
+
+def test_a_grant_from_a_server_restarted_less_than_a_ttl_ago_does_not_count() -> None:
+    # server 0 restarted 4 s ago (ttl 10 s): its grant is no vote; 1 and 2 are held
+    driver = Script(
+        table(3, acquire=[GRANT, HELD, HELD]),
+        identities=(Ident("a", restarted_at=96.0), Ident("b"), Ident("c")),
+    )
+    assert driver.run(try_acquire(restart_plan(3), "tok", "")) is None  # contention
+    # ... and its grant, a real key, is released
+    (release_round,) = driver.broadcasts("release")
+    assert 0 in release_round.targets
+
+
+def test_a_round_that_stopped_on_a_restarted_grant_hears_its_stragglers() -> None:
+    # 0 (restarted) and 1 grant first: the round stops there; without 0 it needs 2's vote
+    driver = Script(
+        table(3, acquire=[GRANT, GRANT, GRANT]),
+        order=[0, 1, 2],
+        identities=(Ident("a", restarted_at=99.0), Ident("b"), Ident("c")),
+    )
+    grant = driver.run(try_acquire(restart_plan(3), "tok", ""))
+    assert isinstance(grant, Grant)
+    assert SETTLE in driver.log
+    (commit,) = driver.broadcasts("fence_commit")
+    assert commit.targets == (1, 2)  # the restarted server is not counted, nor committed
+
+
+def test_a_restarted_server_votes_again_once_its_uptime_exceeds_the_ttl() -> None:
+    driver = Script(
+        table(3, acquire=[GRANT, HELD, GRANT]),
+        identities=(Ident("a", restarted_at=89.0), Ident("b"), Ident("c")),  # 11 s > 10 s
+    )
+    assert isinstance(driver.run(try_acquire(restart_plan(3), "tok", "")), Grant)
+
+
+def test_without_restart_delay_a_restarted_servers_grant_counts() -> None:
+    driver = Script(
+        table(3, acquire=[GRANT, HELD, GRANT]),
+        identities=(Ident("a", restarted_at=99.0), Ident("b"), Ident("c")),
+    )
+    assert isinstance(driver.run(try_acquire(plan_of(3), "tok", "")), Grant)
 
 
 def test_an_interrupt_during_the_round_releases_before_it_propagates() -> None:

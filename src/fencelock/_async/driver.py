@@ -20,7 +20,7 @@ from .._core.health import skip_suspects
 from .._core.quorum import Tally
 from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
-from .._engine.resp import command
+from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import CALLS, PING, Calls, full_call, is_noscript
 from .._sync.background import background
@@ -73,6 +73,8 @@ def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
     pool = _pool(server, loop)
     if pool and pool[0].usable:
         return pool[0]
+    if pool:
+        server.connection_failed()  # closed under us: it may have restarted, so ask
     conn = AsyncConnection(server.address, identify=server.recheck)
     if pool:
         pool[0].close()
@@ -144,6 +146,7 @@ class _Round:
             if call.conn.fresh or isinstance(exc, HandshakeError):
                 raise
             call.conn.close()
+            server.connection_failed()  # a restarted server: learn its new identity
             call.conn = shared(server, asyncio.get_running_loop())
             replies = await call.conn.request(payload, 1)
         if script is not None and is_noscript(replies[0]):
@@ -344,6 +347,10 @@ class AsyncDriver:
         finally:
             timer.cancel()
         give_back(server, loop, conn)
+        if isinstance(replies[0], ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
         return isinstance(replies[0], list)
 
 

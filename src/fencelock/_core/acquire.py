@@ -8,7 +8,10 @@ Rules of an attempt:
   stragglers that were sent it (so the release cannot overtake their SET), and repeats the
   release in the background on servers that did not answer;
 - the same server named twice, or a replica, is a :class:`~fencelock.ConfigError` as soon as
-  the servers' identities are known (the grant is released first).
+  the servers' identities are known (the grant is released first);
+- with ``restart_delay``, a grant from a server seen restarting less than a ttl ago does not
+  count (it is released with the other leftovers of a failed attempt); a round that stopped
+  early on such a grant hears its stragglers before it is judged.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from .quorum import Outcome, Tally
 from .release import release_round
 from .replies import AcquireReply, classify_acquire, classify_commit
 from .rounds import AcquireDecision, Status, decide_acquire, decide_confirm
-from .verdicts import acquire_failure, first_held, independence_problem, may_have_landed
+from .verdicts import (
+    acquire_failure,
+    first_held,
+    independence_problem,
+    may_have_landed,
+    restarting,
+    without_restarted,
+)
 
 #: A patience (ms) sent to the acquire script is capped here (an infinite wait fits too).
 PATIENCE_CAP_MS = 2_000_000_000
@@ -105,6 +115,8 @@ def attempt(
             plan.budget_s,
             tally,
         )
+        if plan.restart_delay:
+            tally = yield from _discount_restarted(plan, tally)
         now: float = yield NOW
         decision = decide_acquire(
             tally,
@@ -128,6 +140,20 @@ def attempt(
         return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
     yield from clean_up(plan, token, tally)
     return Attempt(None, decision, tally)
+
+
+def _discount_restarted(plan: LockPlan, tally: Tally) -> Flow[Tally]:
+    """The acquire round's tally without the grants of recently restarted servers; if it
+    stopped early on one of them, the stragglers are heard first (the round's tally fills)."""
+    recent = restarting((yield IDENTITIES), (yield NOW), plan.ttl_ms)
+    if not any(index in recent for index in tally.granted_indexes()):
+        return tally
+    counted = without_restarted(tally, recent, plan.names, plan.ttl_ms)
+    if counted.won or not tally.pending:
+        return counted
+    yield SETTLE  # their votes go to ``tally``; handshakes may show more restarts
+    recent = restarting((yield IDENTITIES), (yield NOW), plan.ttl_ms)
+    return without_restarted(tally, recent, plan.names, plan.ttl_ms)
 
 
 def grant_replies(tally: Tally) -> dict[int, AcquireReply]:

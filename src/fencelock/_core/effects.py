@@ -115,6 +115,11 @@ class Identity(Protocol):
     @property
     def role(self) -> str: ...
 
+    @property
+    def restarted_at(self) -> float | None:
+        """Monotonic s when the server restarted, if this process saw its run_id change."""
+        ...
+
 
 Flow = Generator[Effect, Any, T]
 """A flow: yields effects, receives their answers, returns a verdict of type ``T``."""

@@ -18,7 +18,7 @@ from .plan import LockPlan
 from .quorum import Tally, summary
 from .replies import classify_extend
 from .rounds import lost_for_sure
-from .verdicts import votes
+from .verdicts import outage, votes
 
 #: A failed renewal is retried after this long (s) at the least.
 RETRY_FLOOR_S = 0.01
@@ -70,7 +70,8 @@ def extend(plan: LockPlan, token: str, ttl_ms: int, deadline: float) -> Flow[Ext
         reason = f"renewal not confirmed before the lease ran out: {text}"
         error = LockLost(plan.key, f"{text}: the lease ran out before a majority confirmed")
         return Extension(ExtendOutcome.UNKNOWN, kept, error, reason)
-    unavailable = Unavailable(plan.key, f"{text}: extend not confirmed", votes(tally, plan.names))
+    reason = outage(tally, "extend not confirmed")
+    unavailable = Unavailable(plan.key, f"{text}: {reason}", votes(tally, plan.names))
     return Extension(ExtendOutcome.UNKNOWN, kept, unavailable, None)
 
 

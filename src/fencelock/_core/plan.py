@@ -46,7 +46,9 @@ class LockPlan:
     - ``ttl_ms``: lease length; ``drift_factor`` / ``drift_min_ms``: the clock-drift allowance
       ``ttl * factor + min`` taken off every validity;
     - ``budget_s``: the longest a round may take (connect, handshake and reply together);
-    - ``handoff_ms`` / ``wake_ms``: the release script's hand-off window and wake lifetime.
+    - ``handoff_ms`` / ``wake_ms``: the release script's hand-off window and wake lifetime;
+    - ``restart_delay``: a server seen restarting (its run_id changed) less than ``ttl_ms`` ago
+      does not vote in an acquire (see ``verdicts.restarting``).
     """
 
     key: str
@@ -61,6 +63,7 @@ class LockPlan:
     handoff_ms: int
     wake_ms: int
     wiring: Wiring
+    restart_delay: bool = False
 
     @property
     def n(self) -> int:
@@ -111,6 +114,7 @@ def make_plan(
     retry_cap_s: float,
     handoff_window_s: float,
     wake_lifetime_s: float,
+    restart_delay: bool = False,
 ) -> LockPlan:
     """A plan from validated options (seconds); raises nothing."""
     keys = lock_keys(key)
@@ -129,4 +133,5 @@ def make_plan(
         handoff_ms=seconds_to_ms(handoff_window_s) if handoff_window_s else 1,
         wake_ms=seconds_to_ms(wake_lifetime_s),
         wiring=lock_wiring(keys),
+        restart_delay=restart_delay,
     )

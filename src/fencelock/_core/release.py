@@ -16,7 +16,7 @@ from .plan import LockPlan
 from .quorum import Outcome, Tally, summary
 from .replies import classify_release
 from .rounds import lost_for_sure
-from .verdicts import silent, votes
+from .verdicts import outage, silent, votes
 
 
 def release_round(
@@ -76,5 +76,7 @@ def release(plan: LockPlan, token: str, *, expired: bool) -> Flow[ReleaseVerdict
             LockLost(plan.key, f"{text}: the lease had already expired or been taken")
         )
     return ReleaseVerdict(
-        Unavailable(plan.key, f"{text}: release not confirmed", votes(tally, plan.names))
+        Unavailable(
+            plan.key, f"{text}: {outage(tally, 'release not confirmed')}", votes(tally, plan.names)
+        )
     )

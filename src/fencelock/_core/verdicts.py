@@ -28,6 +28,34 @@ def votes(tally: Tally, names: Sequence[str]) -> list[ServerVote]:
     return result
 
 
+#: What a server says when the user's ACL refuses a command: directly (``NOPERM``), or inside
+#: a script (Valkey: "ACL failure in script"; Redis 7: "The user executing the script can't
+#: run this command or subcommand" / "... can't access at least one of the keys").
+_ACL_REFUSALS = ("NOPERM", "ACL failure", "user executing the script can't")
+
+
+def acl_refused(tally: Tally) -> bool:
+    """True when some server refused the round's command for the user's ACL."""
+    for outcome, detail in tally.votes.values():
+        if outcome is Outcome.ERROR and isinstance(detail, BaseException):
+            text = str(detail)
+            if any(marker in text for marker in _ACL_REFUSALS):
+                return True
+    return False
+
+
+ACL_HINT = (
+    "the server's ACL refused a command (NOPERM): the user needs every command fencelock sends "
+    "and its scripts call, on fencelock:* keys (the least-privilege ACL SETUSER line is in "
+    "docs/deploying.md; `fencelock doctor` names what is missing)"
+)
+
+
+def outage(tally: Tally, what: str) -> str:
+    """Why a round failed for want of answers: ``what``, or the ACL refusal when there is one."""
+    return ACL_HINT if acl_refused(tally) else what
+
+
 def acquire_failure(
     key: str, decision: AcquireDecision, tally: Tally, names: Sequence[str], attempts: int
 ) -> NotAcquired | Unavailable:
@@ -38,7 +66,8 @@ def acquire_failure(
         return NotAcquired(key, f"{text}: held by another holder", evidence, attempts)
     if decision.status is Status.TOO_SLOW:
         return Unavailable(key, f"{text}, but the round outlived the lease", evidence, attempts)
-    return Unavailable(key, f"{text}: too few servers answered", evidence, attempts)
+    reason = outage(tally, "too few servers answered")
+    return Unavailable(key, f"{text}: {reason}", evidence, attempts)
 
 
 def may_have_landed(tally: Tally) -> tuple[int, ...]:
@@ -69,6 +98,48 @@ def first_held(tally: Tally) -> int | None:
     """A server that answered "held": a waiter blocks on its wake list."""
     held = [i for i, (outcome, _) in tally.votes.items() if outcome is Outcome.HELD]
     return min(held) if held else None
+
+
+class RestartDelay(RuntimeError):
+    """A server's grant that does not count: it restarted (its ``run_id`` changed) less than
+    the lock's ttl ago, so it may have forgotten a lease that is still valid elsewhere."""
+
+
+def restarting(
+    identities: Sequence[Identity | None], now_s: float, ttl_ms: int
+) -> dict[int, float]:
+    """Servers that restarted less than ``ttl_ms`` ago (index -> seconds since the restart).
+
+    A server restarted without persistence forgot the leases it had granted, and its fence
+    register; a key it grants again could form a second majority beside a lease still valid
+    on the others (and, with clocks skewed, a smaller fence). Once the longest lease granted
+    before the restart has run out (uptime > ttl), its votes count again (antirez's "delayed
+    restart"). Only a restart this process saw (a changed run_id) is known.
+    """
+    result = {}
+    for index, identity in enumerate(identities):
+        restarted_at = None if identity is None else identity.restarted_at
+        if restarted_at is not None and (now_s - restarted_at) * 1000.0 < ttl_ms:
+            result[index] = max(0.0, now_s - restarted_at)
+    return result
+
+
+def without_restarted(
+    tally: Tally, recent: dict[int, float], names: Sequence[str], ttl_ms: int
+) -> Tally:
+    """The tally with the grants of recently restarted servers turned into errors (a
+    :class:`RestartDelay` cause): they do not count, and the cleanup still releases them."""
+    counted = Tally(tally.n)
+    for index, (outcome, detail) in tally.votes.items():
+        if outcome is Outcome.GRANTED and index in recent:
+            cause = RestartDelay(
+                f"{names[index]} restarted {recent[index]:.1f} s ago: no vote until its uptime "
+                f"exceeds the ttl ({ttl_ms / 1000:g} s) (restart_delay)"
+            )
+            counted.record(index, Outcome.ERROR, cause)
+        else:
+            counted.record(index, outcome, detail)
+    return counted
 
 
 def independence_problem(

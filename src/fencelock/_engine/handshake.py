@@ -44,13 +44,18 @@ class HandshakeError(ConnectionError):
 @dataclass(frozen=True)
 class Identity:
     """Who answered: ``run_id`` (new on every restart), ``role`` (``"master"``, ``"slave"``...),
-    ``engine`` (``"valkey"`` or ``"redis"``), ``version`` and ``uptime_s``."""
+    ``engine`` (``"valkey"`` or ``"redis"``), ``version`` and ``uptime_s``.
+
+    ``restarted_at``: when this process saw the ``run_id`` change, the monotonic time (s) the
+    server restarted (the sighting minus its uptime); None when no restart was seen.
+    """
 
     run_id: str
     role: str
     engine: str
     version: tuple[int, int, int]
     uptime_s: int
+    restarted_at: float | None = None
 
 
 def _setup_commands(address: Address) -> list[tuple[str, bytes]]:

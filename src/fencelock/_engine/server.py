@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core.health import Health
@@ -45,7 +45,8 @@ class Server:
     """Per-address state. Connection objects are opaque here: each driver keeps its own kind.
 
     - ``health``: suspect servers are skipped by rounds and probed in the background;
-    - ``identity``: the last handshake's ``run_id``/role/version (None until one completed);
+    - ``identity``: the last handshake's ``run_id``/role/version (None until one completed),
+      with ``restarted_at`` set once a changed ``run_id`` was seen (``restart_delay``);
     - ``loaded``: SHAs of scripts known to be in the server's cache (cleared when its
       ``run_id`` changes or it answers NOSCRIPT), so a fresh server gets the full script at once.
     """
@@ -71,6 +72,10 @@ class Server:
         previous = self.identity
         if previous is not None and previous.run_id != identity.run_id:
             self.loaded.clear()  # restarted: its script cache is empty
+            # when it restarted (uptime is whole seconds, so this errs late: a longer delay)
+            identity = replace(identity, restarted_at=time.monotonic() - identity.uptime_s)
+        elif previous is not None and previous.restarted_at is not None:
+            identity = replace(identity, restarted_at=previous.restarted_at)
         self.identity = identity
 
     def failed(self, reason: str, timeout_s: float | None = None) -> bool:

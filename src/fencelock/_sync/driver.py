@@ -35,7 +35,7 @@ from .._core.quorum import Tally
 from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
-from .._engine.resp import command
+from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import CALLS, PING, full_call, is_noscript
 from .._scripts import Script
@@ -60,6 +60,7 @@ def take(server: Server) -> Connection:
         if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
             return conn
         conn.close()
+        server.connection_failed()  # closed by the server: it may have restarted, so ask
     return Connection(server.address, identify=server.recheck)
 
 
@@ -253,6 +254,7 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc):
                 call.retried = True
+                call.server.connection_failed()  # a restarted server: learn its new identity
                 call.conn = Connection(call.server.address, identify=call.server.recheck)
                 self._start(round_, call)
                 return
@@ -299,6 +301,7 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
                 call.retried = True
+                call.server.connection_failed()  # a restarted server: learn its new identity
                 call.conn = Connection(call.server.address, identify=call.server.recheck)
                 self._start(round_, call)
                 return
@@ -380,4 +383,8 @@ class Driver:
             return False
         server.idle.append(conn)
         reply = replies[0]
+        if isinstance(reply, ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                time.sleep(rest)
         return isinstance(reply, list)

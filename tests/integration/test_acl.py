@@ -1,0 +1,196 @@
+"""The least-privilege ACL user of docs/deploying.md (``fencelock.doctor.ACL_SETUSER``): the lock
+behaviour suite of ``test_lock.py`` passes as that user, over both front ends and 1 and 3
+servers; the line grants exactly what fencelock sends; a user missing a permission gets an
+``Unavailable`` that says the ACL refused it."""
+
+# ruff: noqa: F811  (the api fixtures and test_lock's tests are imported, then collected here)
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from api import LockFactory, front, make_lock  # noqa: F401
+from test_lock import (  # noqa: F401  (collected again here, as the ACL user)
+    test_contention,
+    test_context_managers_release_on_error,
+    test_expiry_then_takeover,
+    test_extend_prolongs,
+    test_failed_round_leaves_nothing_of_ours,
+    test_fences_strictly_increase,
+    test_free_lock_is_free_after_a_waiter_gave_up,
+    test_handoff_wakes_a_blocked_waiter,
+    test_nothing_left_after_release_but_the_fence,
+    test_stale_lease_cannot_release_or_extend,
+    test_with_lock_shared_by_threads,
+)
+
+import fencelock
+from fencelock import NotAcquired, Unavailable
+from fencelock._core.verdicts import ACL_HINT
+from fencelock.doctor import ACL_SETUSER
+from fencelock.servers import Server, ServerGroup
+
+PASSWORD = "s3cret-pw"
+LOCK_SCRIPTS = ("acquire", "extend", "fence_commit", "release")  # what a lock server runs
+SCRIPTS_DIR = Path(fencelock.__file__).parent / "_scripts"
+
+
+def rules() -> list[str]:
+    """The ACL SETUSER line's rules, with our password."""
+    words = ACL_SETUSER.split()
+    assert words[:3] == ["ACL", "SETUSER", "fencelock"]
+    return [f">{PASSWORD}" if w.startswith(">") else w for w in words[3:]]
+
+
+def add_user(server: Server, name: str, *more: str) -> str:
+    with server.client() as client:
+        client.execute_command("ACL", "SETUSER", name, "reset", *rules(), *more)
+    return f"redis://{name}:{PASSWORD}@{server.host}:{server.port}/0"
+
+
+class AclGroup:
+    """A started ServerGroup whose ``urls`` log in as the least-privilege user; ``servers``
+    and ``server.client()`` stay the default user, for the tests' own inspections."""
+
+    def __init__(self, group: ServerGroup) -> None:
+        self.group = group
+        self.servers = group.servers
+        self.urls = [add_user(server, "fencelock") for server in group.servers]
+
+    def __iter__(self) -> Iterator[Server]:
+        return iter(self.servers)
+
+    def __getitem__(self, index: int) -> Server:
+        return self.servers[index]
+
+    def __len__(self) -> int:
+        return len(self.servers)
+
+
+class AclTopologies:
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.groups: dict[int, AclGroup] = {}
+
+    def group(self, n: int) -> AclGroup:
+        if n not in self.groups:
+            self.groups[n] = AclGroup(ServerGroup(n, binary=self.binary).start())
+        return self.groups[n]
+
+    def urls(self, n: int) -> list[str]:
+        return self.group(n).urls
+
+    def stop(self) -> None:
+        for group in self.groups.values():
+            group.group.stop()
+
+
+@pytest.fixture(scope="module")
+def topologies(fencelock_server_binary: str) -> Iterator[AclTopologies]:
+    """Overrides the session topologies: same shape, every URL logs in as the ACL user."""
+    topo = AclTopologies(fencelock_server_binary)
+    try:
+        yield topo
+    finally:
+        topo.stop()
+
+
+def test_the_line_grants_exactly_what_fencelock_sends_and_its_lock_scripts_call() -> None:
+    granted = {w[1:].upper() for w in ACL_SETUSER.split() if w.startswith("+")}
+    called = set()
+    for name in LOCK_SCRIPTS:
+        source = (SCRIPTS_DIR / f"{name}.lua").read_text()
+        called |= {c.upper() for c in re.findall(r"redis\.p?call\('(\w+)'", source)}
+    sent = {"PING", "INFO", "ROLE", "SELECT", "EVAL", "EVALSHA", "BLPOP"}  # engine + handshake
+    assert granted == called | sent
+    assert "~fencelock:*" in ACL_SETUSER.split() and "-@all" in ACL_SETUSER.split()
+
+
+def test_the_acl_user_may_not_touch_other_keys_or_commands(topologies: AclTopologies) -> None:
+    (server,) = topologies.group(1).servers
+    with server.client(username="fencelock", password=PASSWORD) as client:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.get("not-ours")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.execute_command("FLUSHALL")
+        assert client.ping()
+
+
+@pytest.mark.filterwarnings("ignore:2 servers")
+def test_the_acl_user_sees_the_servers_identity(topologies: AclTopologies) -> None:
+    """INFO and ROLE are granted: the same server twice is still refused."""
+    group = topologies.group(1)
+    server = group.servers[0]
+    twice = [group.urls[0], group.urls[0].replace("127.0.0.1", "localhost")]
+    lock = fencelock.Lock(twice, "acl:twice", ttl=5)
+    with pytest.raises(fencelock.ConfigError, match="same server"):
+        lock.acquire(wait=0)
+    assert server.is_running
+
+
+@pytest.mark.parametrize("missing", ["-eval", "-set", "-time"])
+def test_a_user_missing_a_permission_gets_unavailable_saying_the_acl_refused(
+    fencelock_server: Server, make_lock: LockFactory, key: str, missing: str
+) -> None:
+    url = add_user(fencelock_server, "short", missing)
+    lock = make_lock(url, key, ttl=5)
+    with pytest.raises(Unavailable) as info:
+        lock.acquire(wait=0)
+    assert ACL_HINT in str(info.value)
+    (vote,) = info.value.votes
+    assert vote.outcome == "error"
+    assert re.search("NOPERM|ACL failure|can't run", str(vote.cause)), vote.cause
+    if missing == "-eval":
+        assert "'eval'" in str(vote.cause)  # the server names the command
+
+
+def test_an_extend_the_acl_refuses_is_unavailable_saying_so(
+    fencelock_server: Server, make_lock: LockFactory, key: str
+) -> None:
+    url = add_user(fencelock_server, "noexpire", "-pexpire")
+    lease = make_lock(url, key, ttl=5).acquire(wait=0)  # a free lock's acquire needs no PEXPIRE
+    with pytest.raises(Unavailable) as info:
+        lease.extend(10)
+    assert ACL_HINT in str(info.value)
+    assert 0 < lease.remaining() <= 5  # unknown outcome: the old deadline stays
+    lease.release()
+
+
+def test_a_waiter_whose_user_may_not_blpop_sleeps_instead_of_spinning(
+    fencelock_server: Server, make_lock: LockFactory, key: str
+) -> None:
+    url = add_user(fencelock_server, "noblpop", "-blpop")
+    holder = make_lock(url, key, ttl=30)
+    lease = holder.acquire(wait=0)
+    waiter = make_lock(url, key, ttl=30)
+    with fencelock_server.client() as admin:
+        admin.config_resetstat()
+        began = time.monotonic()
+        with pytest.raises(NotAcquired):
+            waiter.acquire(wait=1.0)
+        assert time.monotonic() - began >= 1.0
+        stats = admin.info("commandstats")
+        errors = admin.info("errorstats")
+    attempts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha"))
+    assert 1 <= attempts < 100, stats  # retries with backoff, not a busy loop
+    assert errors.get("errorstat_NOPERM", {}).get("count", 0) >= 1, errors  # BLPOP was refused
+    lease.release()
+    # and a release still lets the waiter in (it polls with backoff instead of blocking)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(wait=5)))
+    thread.start()
+    thread.join(10)
+    assert got and got[0].fence > lease.fence
+    got[0].release()
+
+
+def test_the_documented_line_is_the_one_tested() -> None:
+    docs = Path(__file__).parents[2] / "docs" / "deploying.md"
+    assert ACL_SETUSER in docs.read_text()
