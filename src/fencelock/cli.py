@@ -1,14 +1,16 @@
 """The ``fencelock`` command (also ``python -m fencelock``): a thin shell over the public API.
 
 ``main(argv) -> int`` parses the command line and maps exceptions to exit codes through one
-table (:data:`EXIT_CODES`). Subcommands: ``run`` (a distributed ``flock(1)``), ``status``,
-``release``, and the lazily imported ``demo``, ``chaos``, ``bench`` and ``doctor``.
+table (:data:`EXIT_CODES`). Subcommands: ``run`` (a distributed ``flock(1)``), ``elect`` (run a
+command while elected leader), ``status``, ``release``, and the lazily imported ``demo``,
+``chaos``, ``bench`` and ``doctor``.
 
 Exit codes (``sysexits.h`` where one fits):
 
-- 0 success; for ``run``: the child's own code (128 + N when the child died of signal N);
+- 0 success; for ``run`` and ``elect``: the child's own code (128 + N when it died of signal N);
 - 64 usage error (bad flag, bad value, malformed URL); 69 servers unavailable;
-- 72 the lease was lost while the command ran (or was not held by the token given);
+- 72 the lease (``elect``: leadership) was lost while the command ran (or was not held by the
+  token given); the command's whole process group is signalled;
 - 75 not acquired in time (``run --conflict-exit-code`` changes it).
 
 Servers: repeated ``--server URL``, else ``$FENCELOCK_SERVERS`` (comma-separated), else
