@@ -19,10 +19,16 @@ what it *observed* (counted from the servers and the databases, never assumed):
    with two killed and answers ``Unavailable`` within the wait with three killed.
 7. ``batch-email``: the lease is lost mid-batch and a second worker redoes it; without a unique
    constraint recipients get two e-mails, with ``UNIQUE(batch_id, recipient)`` none does.
+8. ``two-leaders``: an election's leader paused past its term writes after the next leader;
+   plain storage accepts it (two leaders acted), the term as fence (``RedisFence``) refuses it.
+9. ``semaphore-dead-holder``: an INCR/DECR counter semaphore whose holder dies leaks the permit
+   for good; ``client.semaphore(limit=N, ttl=...)`` gets it back when its TTL runs out.
+10. ``rwlock-readers-writer``: without a lock readers see a two-step update half done;
+    under ``client.rwlock`` none does, while several readers hold the read lock at once.
 
 Each run yields ``{"name", "protected", "expected", "observed", "ok"}``: for an unprotected run
 ``ok`` means the failure was observed, for a protected run that the protection held. The whole demo
-takes about 7 seconds; durations below are seconds.
+takes about 9 seconds; durations below are seconds.
 """
 
 from __future__ import annotations
@@ -50,8 +56,11 @@ from typing import Any, Protocol, TypeVar
 
 import redis
 
-from ._core.keys import lock_keys
-from ._sync.lock import Lease, Lock
+from ._core.keys import lock_keys, rw_keys, slot_keys
+from ._sync.family import Semaphore
+from ._sync.lock import Lease, Lock, Permit
+from .client import Client
+from .election import Leader
 from .errors import LockLost, NotAcquired, StaleFence, Unavailable
 from .fence import RedisFence, execute_fenced, fence_column
 from .servers import Server, ServerError, ServerGroup, engine_of, find_server_binary
@@ -73,6 +82,13 @@ B_WORK_S = 0.2  # 4. the second worker's own work
 PAUSE_TTL_S = 0.3  # 5. the paused holder's lease
 REDLOCK_TTL_S, REDLOCK_WAIT_S = 2.0, 1.0  # 6.
 BATCH_TTL_S, SEND_S, RECIPIENTS = 0.3, 0.05, 12  # 7. lease, time per e-mail, batch size
+ELECTION_TTL_S = 0.3  # 8. a term
+SEM_LIMIT, SEM_TTL_S = 3, 0.3  # 9. permits, a permit's lease
+# 10. readers, updates, a reader's gap between its two GETs, the writer's between its two SETs
+# (longer, so that without a lock every reader starts reads inside a half-done update), and
+# the writer's pause before and after each update
+RW_READERS, RW_WRITES, RW_READ_S, RW_WRITE_S, RW_LAG_S = 3, 3, 0.04, 0.15, 0.05
+RW_MAX_READS = 200  # per reader: the bound of its loop
 
 
 class DemoError(RuntimeError):
@@ -133,6 +149,12 @@ class Env:
         lock = Lock(servers, key, ttl=ttl, wait=wait)
         self._closers.append(lock.close)
         return lock
+
+    def fencelock_client(self, server: Server, ttl: float) -> Client:
+        """A :class:`fencelock.Client` on ``server`` (default ``ttl``), closed at the end."""
+        client = Client(server.url, ttl=ttl)
+        self._closers.append(client.close)
+        return client
 
     def fence(self) -> RedisFence:
         """A :class:`RedisFence` on the storage server, closed at the end of the demo."""
@@ -613,6 +635,182 @@ def batch_email(env: Env, protected: bool) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------
+# 8. two leaders: an election whose old leader was paused past its term
+
+
+def _leader_text(leader: Leader | None) -> str:
+    return "nobody" if leader is None else f"{leader.name} (term {leader.fence})"
+
+
+def two_leaders(env: Env, protected: bool) -> Outcome:
+    """A leads, checks it leads, and pauses past its term; B wins the next term and writes;
+    A wakes and writes with its old term, to plain Redis or to a ``RedisFence``."""
+    key = _key("leaders", protected)
+    client = env.fencelock_client(env.lock_server, ttl=ELECTION_TTL_S)
+    old, new = client.election(key, name="host-A"), client.election(key, name="host-B")
+    store: Store = (
+        FencedRedis(env.fence(), key) if protected else PlainRedis(env.client(env.storage), key)
+    )
+    leaders: list[str] = []
+    written, b_kept, terms = "", False, (0, 0)
+    try:
+        with old.campaign(wait=2.0) as term_a:
+            leaders.append(_leader_text(old.leader()))  # A checked: it leads
+            # A is paused (GC, swap, SIGSTOP): its renewal stops with it, its term runs out
+            term_a._stop_renewal()
+            with new.campaign(wait=DEADLINE) as term_b:
+                leaders.append(_leader_text(new.leader()))
+                terms = term_a.fence, term_b.fence
+                written, b_kept = _stale_write(store, term_a.fence, term_b.fence)
+        a_end = "ended normally"
+    except LockLost:
+        a_end = "ended with LockLost"
+    observed = (
+        f"leaders read on the server: {', then '.join(leaders)}; {written}; A's campaign {a_end}"
+    )
+    as_seen = (
+        len(leaders) == 2
+        and leaders[0].startswith("host-A ")
+        and leaders[1].startswith("host-B ")
+        and terms[1] > terms[0]
+    )
+    return Outcome(observed, as_seen and (b_kept if protected else not b_kept))
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. a semaphore whose holder dies
+
+
+def _counter_take(conn: redis.Redis, key: str) -> bool:
+    """The counter recipe: INCR, and DECR again when that went over the limit."""
+    if int(conn.incr(key)) <= SEM_LIMIT:
+        return True
+    conn.decr(key)
+    return False
+
+
+def _counter_permits(conn: redis.Redis, key: str) -> int:
+    """How many permits one holder can take from the counter semaphore (then given back)."""
+    got = sum(_counter_take(conn, key) for _ in range(SEM_LIMIT))
+    if got:
+        conn.decrby(key, got)
+    return got
+
+
+def _permits(sem: Semaphore) -> int:
+    """How many permits one holder can take from ``sem`` (then released)."""
+    permits: list[Permit] = []
+    for _ in range(SEM_LIMIT + 1):
+        permit = sem.try_acquire()
+        if permit is None:
+            break
+        permits.append(permit)
+    for permit in permits:
+        _released(permit)
+    return len(permits)
+
+
+def semaphore_dead_holder(env: Env, protected: bool) -> Outcome:
+    """A holder takes a permit and dies (never gives it back); how many permits can the next
+    holder take, right away and after the permit's TTL?"""
+    key = _key("semaphore", protected)
+    conn = env.client(env.lock_server)
+    if protected:
+        client = env.fencelock_client(env.lock_server, ttl=SEM_TTL_S)
+        sem = client.semaphore(key, limit=SEM_LIMIT)
+        dead = sem.acquire(wait=2.0)  # ... and the holder dies: no release, no renewal
+        before = _permits(sem)
+        gone_after = _wait_gone(conn, slot_keys(key, dead.slot).lock)
+        after = _permits(sem)
+        observed = (
+            f"the dead holder's permit (slot {dead.slot}) left the next holder {before} of "
+            f"{SEM_LIMIT} permits; it expired by itself {gone_after:.2f} s later and the next "
+            f"holder got {after} of {SEM_LIMIT}"
+        )
+        return Outcome(observed, before == SEM_LIMIT - 1 and after == SEM_LIMIT)
+    if not _counter_take(conn, key):  # ... and the holder dies: no DECR
+        raise DemoError("the first holder got no permit")
+    before = _counter_permits(conn, key)
+    time.sleep(SEM_TTL_S + 0.2)  # as long as a permit's TTL, and then some
+    count, after = int(conn.get(key) or 0), _counter_permits(conn, key)
+    observed = (
+        f"the dead holder's INCR left the next holder {before} of {SEM_LIMIT} permits; "
+        f"{SEM_TTL_S + 0.2:.1f} s later the counter still reads {count} and the next holder "
+        f"got {after} of {SEM_LIMIT}: the permit leaked for good"
+    )
+    conn.delete(key)
+    return Outcome(observed, before == after == SEM_LIMIT - 1 and count == 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. readers and a writer
+
+
+def readers_writer(env: Env, protected: bool) -> Outcome:
+    """Readers read two values that a writer updates in two steps (they must stay equal):
+    without a lock, or under ``rwlock.read()`` / ``rwlock.write()``."""
+    key = _key("rw", protected)
+    store = env.client(env.storage)
+    first, second = f"{key}:first", f"{key}:second"
+    store.mset({first: 0, second: 0})
+    rw = None
+    if protected:
+        rw = env.fencelock_client(env.lock_server, ttl=5.0).rwlock(key, wait=DEADLINE)
+    lock_conn = env.client(env.lock_server)
+    readers_key = rw_keys(key).readers
+    writer_done = threading.Event()
+    start = threading.Barrier(RW_READERS + 1, timeout=DEADLINE)
+
+    def reader() -> tuple[int, int, int]:
+        """(reads, torn reads, most readers holding the lock at once, read on the server)."""
+        start.wait()
+        reads = torn = most = 0
+        for _ in range(RW_MAX_READS):  # bounded; ends soon after the writer is done
+            if writer_done.is_set() and reads >= 2:
+                break
+            with rw.read() if rw is not None else contextlib.nullcontext():
+                if rw is not None:
+                    most = max(most, int(lock_conn.zcard(readers_key)))
+                one = store.get(first)
+                time.sleep(RW_READ_S)
+                two = store.get(second)
+            reads, torn = reads + 1, torn + (one != two)
+            time.sleep(0.005)
+        return reads, torn, most
+
+    def writer() -> None:
+        start.wait()
+        try:
+            time.sleep(RW_LAG_S)
+            for value in range(1, RW_WRITES + 1):
+                with rw.write() if rw is not None else contextlib.nullcontext():
+                    store.set(first, value)
+                    time.sleep(RW_WRITE_S)  # half done
+                    store.set(second, value)
+                time.sleep(RW_LAG_S)
+        finally:
+            writer_done.set()
+
+    with ThreadPoolExecutor(max_workers=RW_READERS + 1) as pool:
+        writing = pool.submit(writer)
+        reading = [pool.submit(reader) for _ in range(RW_READERS)]
+        writing.result(timeout=DEADLINE * 2)
+        results = [r.result(timeout=DEADLINE * 2) for r in reading]
+    reads, torn = sum(r[0] for r in results), sum(r[1] for r in results)
+    most = max(r[2] for r in results)
+    final = store.mget([first, second])
+    done = final == [str(RW_WRITES)] * 2
+    observed = (
+        f"{RW_READERS} readers made {reads} reads during {RW_WRITES} two-step updates: "
+        f"{torn} of them torn (an update seen half done)"
+    )
+    if protected:
+        observed += f"; up to {most} readers held the read lock at once (on the server)"
+        return Outcome(observed, done and torn == 0 and most >= 2)
+    return Outcome(observed, done and torn > 0)
+
+
+# ---------------------------------------------------------------------------------------------
 # The scenario table
 
 
@@ -666,6 +864,24 @@ SCENARIOS: tuple[Scenario, ...] = (
         "lease lost mid-batch, a second worker redoes it: duplicate (batch, recipient) rows",
         "same takeover, UNIQUE(batch_id, recipient) + ON CONFLICT DO NOTHING: no duplicate",
         batch_email,
+    ),
+    Scenario(
+        "two-leaders",
+        "old leader paused past its term writes after the new one: plain SET accepts it",
+        "the term as fence: RedisFence refuses the old leader's write with StaleFence",
+        two_leaders,
+    ),
+    Scenario(
+        "semaphore-dead-holder",
+        "INCR/DECR counter, holder dies before DECR: one permit of 3 leaked for good",
+        "client.semaphore(limit=3, ttl=0.3): the dead permit expires, all 3 are free again",
+        semaphore_dead_holder,
+    ),
+    Scenario(
+        "rwlock-readers-writer",
+        "no lock: readers see the writer's two-step update half done (torn reads)",
+        "client.rwlock: no torn read, and several readers hold the read lock at once",
+        readers_writer,
     ),
 )
 

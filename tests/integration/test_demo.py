@@ -27,6 +27,9 @@ NAMES = [
     "paused-holder",
     "redlock-5-servers",
     "batch-email",
+    "two-leaders",
+    "semaphore-dead-holder",
+    "rwlock-readers-writer",
 ]
 FIELDS = {"name": str, "protected": bool, "expected": str, "observed": str, "ok": bool}
 # A liveness bound, not a speed assertion: the demo aims at ~10 s; a hang would hit this.
@@ -80,7 +83,7 @@ def test_json_entry_shape(
         assert entry["expected"] and entry["observed"]
 
 
-def test_seven_scenarios_each_unprotected_and_protected_once(
+def test_ten_scenarios_each_unprotected_and_protected_once(
     json_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
 ) -> None:
     pairs = [(e["name"], e["protected"]) for e in json_run[1]["scenarios"]]
@@ -151,6 +154,28 @@ def _batch(unprotected: str, protected: str) -> None:
     assert "; 0 duplicate (batch, recipient) rows" in protected
 
 
+def _two_leaders(unprotected: str, protected: str) -> None:
+    for text in (unprotected, protected):
+        old = _number(r"host-A \(term (\d+)\)", text)
+        assert _number(r"then host-B \(term (\d+)\)", text) > old
+        assert "A's campaign ended with LockLost" in text
+    assert "Redis SET: A's write accepted, value now 'written-by-A'" in unprotected
+    assert "RedisFence: A's write refused (StaleFence), value now 'written-by-B'" in protected
+
+
+def _semaphore(unprotected: str, protected: str) -> None:
+    assert "left the next holder 2 of 3 permits" in unprotected
+    assert "the counter still reads 1 and the next holder got 2 of 3" in unprotected
+    assert "left the next holder 2 of 3 permits" in protected
+    assert "expired by itself" in protected and "the next holder got 3 of 3" in protected
+
+
+def _readers_writer(unprotected: str, protected: str) -> None:
+    assert _number(r"(\d+) of them torn", unprotected) > 0
+    assert _number(r"(\d+) of them torn", protected) == 0
+    assert _number(r"up to (\d+) readers held the read lock at once", protected) >= 2
+
+
 CHECKS: dict[str, Callable[[str, str], None]] = {
     "last-item-in-stock": _stock,
     "get-then-del-release": _release,
@@ -159,6 +184,9 @@ CHECKS: dict[str, Callable[[str, str], None]] = {
     "paused-holder": _paused,
     "redlock-5-servers": _redlock,
     "batch-email": _batch,
+    "two-leaders": _two_leaders,
+    "semaphore-dead-holder": _semaphore,
+    "rwlock-readers-writer": _readers_writer,
 }
 
 
@@ -180,7 +208,7 @@ def test_human_output_is_a_table_with_every_scenario() -> None:
     rows = [line for line in lines[1:] if re.match(r"[a-z0-9-]+\s+\|", line)]
     assert [row.split()[0] for row in rows] == NAMES, proc.stdout
     assert all(row.rstrip().endswith("| ok") for row in rows), proc.stdout
-    assert "14/14 runs behaved as expected" in proc.stdout, proc.stdout
+    assert "20/20 runs behaved as expected" in proc.stdout, proc.stdout
     assert "\033[" not in proc.stdout  # stdout is a pipe: no colour
 
 
