@@ -49,7 +49,7 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
-    "acquire": "5aaaa3a761aff68d233944776d9be07b2c4d99ec",
+    "acquire": "ffba392191b171593dbc51d1323c8a6f50cf97cc",
     "release": "68850af1ecec02a0774c796e1149e55bed42e2f3",
     "extend": "4e3c65ca9dbb8c878577ed2d7e8295abbfc6affb",
     "fence_commit": "d737600cb3d048e087aa81d2a17de7b90c25adbf",

@@ -3,7 +3,7 @@
 -- KEYS[4] waiters (zset: waiter id -> expiry in server ms)        KEYS[5] hand-off marker
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
--- ARGV[5] waiter id, stable over one acquire() call
+-- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F
 --         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way);
@@ -26,7 +26,7 @@ if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[4] == '1' then redis.call('DEL', KEYS[5]) end
-  redis.call('ZREM', KEYS[4], ARGV[5])
+  if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
   local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
   redis.call('SET', KEYS[2], string.format('%.0f', fence))
