@@ -259,6 +259,8 @@ def html_report(result: ChaosResult, history: History) -> str:
                 extra='opacity="0.8"',
             )
             continue
+        if rec.fault.name == "pause-holder":
+            continue  # no worker was paused (the fault log says why)
         targets = rec.fault.targets or tuple(range(history.servers))
         for t in targets:
             if 0 <= t < history.servers:
