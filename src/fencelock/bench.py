@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +124,23 @@ def _median(values: Sequence[float]) -> float:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else 0.0
+
+
+HISTOGRAM_BINS = 30
+
+
+def _histogram(series: Mapping[str, Sequence[float]]) -> dict[str, Any]:
+    """Latency histograms (seconds in) over shared log-spaced edges: ``{"edges_us": [...],
+    "counts": {name: [...]}}``, what ``--html`` draws."""
+    from ._html import bin_counts, log_edges
+
+    edges = log_edges((v * 1e6 for values in series.values() for v in values), HISTOGRAM_BINS)
+    return {
+        "edges_us": [round(e, 2) for e in edges],
+        "counts": {
+            name: bin_counts((v * 1e6 for v in values), edges) for name, values in series.items()
+        },
+    }
 
 
 @dataclass
@@ -269,6 +286,7 @@ def _bench_single(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
         "baseline_p50_us": _pct(base_lat, 0.50) * 1e6,
         "baseline_p99_us": _pct(base_lat, 0.99) * 1e6,
         "round_ratios": [_ratio(m.ops_per_s, b.ops_per_s) for m, b in zip(mine, base, strict=True)],
+        "histogram": _histogram({"ours": lat, "new Lock per cycle": per_lat, "raw": base_lat}),
         "cpu_us_per_op": _median([b.cpu_us_per_op for b in mine]),
         "per_key_cpu_us_per_op": _median([b.cpu_us_per_op for b in per]),
         "baseline_cpu_us_per_op": _median([b.cpu_us_per_op for b in base]),
@@ -321,6 +339,7 @@ def _bench_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> dict[str, An
         "ratio_p50_to_single": _ratio(p50, single_p50),
         "ops_per_s": _median([b.ops_per_s for b in multi_batches]),
         "cpu_us_per_op": _median([b.cpu_us_per_op for b in multi_batches]),
+        "histogram": _histogram({f"{len(urls)} servers": lat, "1 server": single_lat}),
     }
 
 
@@ -454,6 +473,7 @@ def _handoff_figures(per_worker: list[list[Record]], duration_s: float) -> dict[
         # to ANOTHER worker's acquire() returning (only transitions between two workers count)
         "other_worker_p50_us": _median(gaps) * 1e6,
         "other_worker_handoffs": len(gaps),
+        "histogram": _histogram({"wait for the lease": waits}),
     }
 
 
@@ -567,7 +587,11 @@ def _bench_async(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
 
 
 def _fault_p50(
-    urls: Sequence[str], name: str, plan: Plan, before: Callable[[], None] | None = None
+    urls: Sequence[str],
+    name: str,
+    plan: Plan,
+    before: Callable[[], None] | None = None,
+    samples: list[float] | None = None,
 ) -> dict[str, float]:
     """acquire(wait=0) + release cycles on ``urls`` after one warm cycle (and ``before()``)."""
     from . import Lock
@@ -584,6 +608,8 @@ def _fault_p50(
         batch = _timed(cycle, plan.faults_s, plan.faults_min_cycles)
     finally:
         lock.close()
+    if samples is not None:
+        samples.extend(batch.latencies)
     return {
         "p50_us": _pct(batch.latencies, 0.50) * 1e6,
         "p99_us": _pct(batch.latencies, 0.99) * 1e6,
@@ -607,9 +633,12 @@ def _bench_faults(prefix: str, plan: Plan) -> dict[str, Any]:
         }
     holes: list[BlackHole] = []
     figures: dict[str, dict[str, float]] = {}
+    samples: dict[str, list[float]] = {case: [] for case in _FAULT_CASES}
     try:
         urls = group.urls
-        figures["healthy"] = _fault_p50(urls, f"{prefix}faults:healthy", plan)
+        figures["healthy"] = _fault_p50(
+            urls, f"{prefix}faults:healthy", plan, samples=samples["healthy"]
+        )
         sick = group[FAULT_SERVERS - 1]
         paused: list[bool] = []
 
@@ -618,16 +647,24 @@ def _bench_faults(prefix: str, plan: Plan) -> dict[str, Any]:
             paused.append(True)
 
         try:
-            figures["hung_1"] = _fault_p50(urls, f"{prefix}faults:hung", plan, before=pause)
+            figures["hung_1"] = _fault_p50(
+                urls, f"{prefix}faults:hung", plan, before=pause, samples=samples["hung_1"]
+            )
         finally:
             if paused:
                 sick.resume()
         holes = [BlackHole() for _ in range(2)]
         figures["black_holed_2"] = _fault_p50(
-            urls[:3] + [h.url for h in holes], f"{prefix}faults:black-holed", plan
+            urls[:3] + [h.url for h in holes],
+            f"{prefix}faults:black-holed",
+            plan,
+            samples=samples["black_holed_2"],
         )
         figures["refused_2"] = _fault_p50(
-            urls[:3] + [refused_url() for _ in range(2)], f"{prefix}faults:refused", plan
+            urls[:3] + [refused_url() for _ in range(2)],
+            f"{prefix}faults:refused",
+            plan,
+            samples=samples["refused_2"],
         )
     finally:
         for hole in holes:
@@ -641,6 +678,7 @@ def _bench_faults(prefix: str, plan: Plan) -> dict[str, Any]:
         result[f"{case}_p50_us"] = figures[case]["p50_us"]
         result[f"{case}_p99_us"] = figures[case]["p99_us"]
         result[f"{case}_cycles"] = int(figures[case]["cycles"])
+    result["histogram"] = _histogram(samples)
     return result
 
 
@@ -840,6 +878,157 @@ def _human(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def html_report(result: dict[str, Any]) -> str:
+    """``fencelock bench --html``: the tables and latency histograms (inline SVG) of one
+    :func:`measure` result, as one self-contained HTML page."""
+    from ._html import histogram_svg, page, table
+
+    s, r, h, a, f, m, e = (
+        result["single"],
+        result["redlock"],
+        result["handoff"],
+        result["async"],
+        result["faults"],
+        result["memory"],
+        result["env"],
+    )
+
+    def n(value: float, spec: str = ",.0f") -> tuple[str, str]:
+        return (format(value, spec), "")
+
+    def label(text: str) -> tuple[str, str]:
+        return (text, "")
+
+    body = ["<h2>Ours against raw redis-py (same run, interleaved)</h2>"]
+    body.append(
+        table(
+            ("case", "ours", "baseline", "ratio"),
+            [
+                (
+                    label("single: acquire+release ops/s"),
+                    n(s["ops_per_s"]),
+                    n(s["baseline_ops_per_s"]),
+                    n(s["ratio_to_baseline"], ".2f"),
+                ),
+                (label("single: p50 us"), n(s["p50_us"]), n(s["baseline_p50_us"]), ("", "")),
+                (label("single: p99 us"), n(s["p99_us"]), n(s["baseline_p99_us"]), ("", "")),
+                (
+                    label("single: new Lock per cycle ops/s"),
+                    n(s["per_key_ops_per_s"]),
+                    n(s["baseline_ops_per_s"]),
+                    n(s["per_key_ratio_to_baseline"], ".2f"),
+                ),
+                (
+                    label("single: client CPU us/op"),
+                    n(s["cpu_us_per_op"], ".1f"),
+                    n(s["baseline_cpu_us_per_op"], ".1f"),
+                    n(_ratio(s["cpu_us_per_op"], s["baseline_cpu_us_per_op"]), ".2f"),
+                ),
+                (
+                    label("single: server CPU us/op"),
+                    n(s["server_cpu_us_per_op"], ".1f"),
+                    n(s["baseline_server_cpu_us_per_op"], ".1f"),
+                    n(s["server_cpu_ratio"], ".2f"),
+                ),
+                (
+                    label(f"async x{a['tasks']} tasks: ops/s"),
+                    n(a["ops_per_s"]),
+                    n(a["baseline_ops_per_s"]),
+                    n(a["ratio_to_baseline"], ".2f"),
+                ),
+                (
+                    label("async: new Lock per cycle ops/s"),
+                    n(a["per_key_ops_per_s"]),
+                    n(a["baseline_ops_per_s"]),
+                    n(a["per_key_ratio_to_baseline"], ".2f"),
+                ),
+            ],
+            cls="bench",
+        )
+    )
+    body.append(histogram_svg("single server: acquire+release latency", **_hist(s)))
+    body.append(f"<h2>Redlock over {r['servers']} servers</h2>")
+    body.append(
+        table(
+            ("case", "p50 us", "p99 us", "x single"),
+            [
+                (
+                    label("acquire+release"),
+                    n(r["p50_us"]),
+                    n(r["p99_us"]),
+                    n(r["ratio_p50_to_single"], ".2f"),
+                ),
+                (label("one server (same run)"), n(r["single_p50_us"]), ("", ""), ("1.00", "")),
+            ],
+            cls="bench",
+        )
+    )
+    body.append(histogram_svg("redlock: acquire+release latency", **_hist(r)))
+    t = h["threads"]
+    body.append(f"<h2>Hand-off: {h['workers']} workers, one key</h2>")
+    rows = []
+    for text, key, spec in (
+        ("acquisitions/s", "acquisitions_per_s", ",.0f"),
+        ("wait p50 us", "p50_us", ",.0f"),
+        ("wait p99 us", "p99_us", ",.0f"),
+        ("max wait / median wait", "max_wait_ratio", ".2f"),
+        ("release -> other worker p50 us", "other_worker_p50_us", ",.0f"),
+        ("same worker twice in a row", "same_worker_again", ".1%"),
+        ("least served worker / mean", "min_worker_share", ".2f"),
+    ):
+        rows.append((label(text), n(h[key], spec), n(t[key], spec)))
+    body.append(table(("figure", "processes", "threads"), rows, cls="bench"))
+    body.append(histogram_svg("hand-off: wait for the lease (processes)", **_hist(h)))
+    body.append(f"<h2>A sick minority of {f['servers']} servers</h2>")
+    if "skipped" in f:
+        body.append(f"<p>skipped: {f['skipped']}</p>")
+    else:
+        sick_rows = []
+        for text, case in (
+            ("healthy", "healthy"),
+            ("1 hung (SIGSTOP)", "hung_1"),
+            ("2 black-holed (connect hangs)", "black_holed_2"),
+            ("2 refused (nothing listens)", "refused_2"),
+        ):
+            p50 = f[f"{case}_p50_us"]
+            sick_rows.append(
+                (
+                    label(text),
+                    n(p50),
+                    n(f.get(f"{case}_p99_us", 0.0)),
+                    n(_ratio(p50, f["healthy_p50_us"]), ".2f"),
+                )
+            )
+        body.append(table(("case", "p50 us", "p99 us", "x healthy"), sick_rows, cls="bench"))
+        if "histogram" in f:
+            body.append(histogram_svg("sick minority: acquire+release latency", **_hist(f)))
+    body.append("<h2>Server memory</h2>")
+    body.append(
+        table(
+            ("figure", "value"),
+            [
+                (label("bytes per held lock"), (str(m["bytes_per_held_lock"]), "")),
+                (
+                    label("left after release"),
+                    (", ".join(m["keys_after_release"]) or "nothing", ""),
+                ),
+                (label("garbage keys after all phases"), (str(len(result["garbage_keys"])), "")),
+            ],
+        )
+    )
+    subtitle = (
+        f"{e['engine']} {e['server_version']}, Python {e['python']}, redis-py {e['redis_py']}, "
+        f"hiredis {e['hiredis']}, {e['cpus']} CPUs{' (quick)' if result['quick'] else ''}; "
+        f"took {result['duration_s']:.1f} s"
+    )
+    return page("fencelock bench", subtitle, body)
+
+
+def _hist(section: dict[str, Any]) -> dict[str, Any]:
+    hist = section.get("histogram") or {"edges_us": [0.0, 1.0], "counts": {}}
+    return {"edges_us": hist["edges_us"], "counts": hist["counts"]}
+
+
 def _is_quick(quick: bool | None) -> bool:
     if quick is not None:
         return quick
@@ -905,13 +1094,23 @@ def measure(
     }
 
 
-def run(servers: list[str], json_output: bool = False, *, quick: bool | None = None) -> int:
+def run(
+    servers: list[str],
+    json_output: bool = False,
+    *,
+    quick: bool | None = None,
+    html_path: str | None = None,
+) -> int:
     """``fencelock bench``: print the results (a table, or one JSON object) and return 0.
 
-    ``quick`` (default: ``$FENCELOCK_BENCH_QUICK``) makes a short run for CI smoke tests.
-    Raises like :func:`measure`.
+    ``quick`` (default: ``$FENCELOCK_BENCH_QUICK``) makes a short run for CI smoke tests;
+    ``html_path``: also write :func:`html_report` to that file. Raises like :func:`measure`.
     """
     result = measure(servers, quick=quick, progress=not json_output)
+    if html_path is not None:
+        with open(html_path, "w", encoding="utf-8") as fh:
+            fh.write(html_report(result))
+        _progress(True, f"wrote {html_path}")
     if json_output:
         print(json.dumps(result, separators=(",", ":")))
     else:

@@ -147,6 +147,16 @@ def _server_url(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _html_path(text: str) -> str:
+    """``--html FILE``: a file to (over)write; its directory must exist."""
+    if not text or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"not a file name: {text!r}")
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"no such directory: {parent!r}")
+    return text
+
+
 def _fault_list(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
@@ -346,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=_int_in("--seed", 0, None), default=None, help="default: random"
     )
     chaos.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    chaos.add_argument(
+        "--html",
+        type=_html_path,
+        default=None,
+        metavar="FILE",
+        help="also write the run's picture to FILE (one self-contained HTML page)",
+    )
     _add_common(chaos)
     chaos.set_defaults(handler=_cmd_chaos)
 
@@ -356,6 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_servers(bench, "an embedded server")
     bench.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    bench.add_argument(
+        "--html",
+        type=_html_path,
+        default=None,
+        metavar="FILE",
+        help="also write the table and latency histograms to FILE (one HTML page)",
+    )
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        default=None,
+        help="a short smoke run (default: $FENCELOCK_BENCH_QUICK)",
+    )
     _add_common(bench)
     bench.set_defaults(handler=_cmd_bench)
 
@@ -884,12 +914,20 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         faults=args.faults,
         seed=args.seed,
         json_output=args.json,
+        html_path=args.html,
     )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     servers = resolve_servers(args.servers, [])
-    return _lazy("fencelock.bench", args, servers=servers, json_output=args.json)
+    return _lazy(
+        "fencelock.bench",
+        args,
+        servers=servers,
+        json_output=args.json,
+        html_path=args.html,
+        quick=args.quick,
+    )
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

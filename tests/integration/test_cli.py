@@ -496,6 +496,8 @@ def test_release_force_says_what_it_deleted(server: Server, client: redis.Redis,
         pytest.param(["release", "--key", "k"], id="release-no-token"),
         pytest.param(["release", "--key", "k", "--token", "t", "--force"], id="token-and-force"),
         pytest.param(["chaos", "--workers", "0"], id="chaos-workers"),
+        pytest.param(["chaos", "--html", "/no/such/dir/page.html"], id="chaos-html-no-dir"),
+        pytest.param(["bench", "--html", "/"], id="bench-html-a-directory"),
         pytest.param(["demo", "--", "x"], id="dashes-elsewhere"),
     ],
 )

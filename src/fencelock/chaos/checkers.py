@@ -38,6 +38,9 @@ __all__ = [
     "check_lease_overlap",
     "check_liveness",
     "lease_windows",
+    "stale_accepted_writes",
+    "unfenced_overlap_ops",
+    "unfenced_overlaps",
 ]
 
 Status = Literal["ok", "fail", "unknown"]
@@ -100,8 +103,28 @@ def _register(
         1 for op in ops if op.kind in fence_kinds and op.status == "fail" and op.info == "stale"
     )
     unknown = sum(1 for op in writes if op.status == "unknown")
-    # stale accepted: accepted with a fence older than one the store had already acknowledged
-    # (acknowledged before this write was even sent: the store must have seen it first)
+    stale = len(_stale_accepted(ops, acked, fence_kinds)) if write_kind == "write" else 0
+    counts = Counter(op.value for op in acked if op.value is not None)
+    duplicates = sum(c - 1 for c in counts.values() if c > 1)
+    lost = max(len(acked) - final, duplicates, 0)
+    phantom = max(final - len(acked) - unknown, 0)
+    return RegisterResult(
+        acknowledged=len(acked),
+        rejected=rejected,
+        unknown=unknown,
+        stale_accepted=stale,
+        lost_updates=lost,
+        phantom=phantom,
+        final=final,
+        duplicates=duplicates,
+    )
+
+
+def _stale_accepted(
+    ops: Sequence[Op], acked: Sequence[Op], fence_kinds: tuple[str, ...]
+) -> list[Op]:
+    """Acknowledged writes whose fence is older than one the store had already acknowledged
+    (acknowledged before this write was even sent: the store must have seen it first)."""
     fenced = sorted(
         (
             op
@@ -119,28 +142,20 @@ def _register(
     for op in fenced:
         best = max(best, op.fence or 0)
         prefix_max.append(best)
-    stale = 0
-    if write_kind == "write":
-        for op in acked:
-            if op.fence is None:
-                continue
-            i = bisect.bisect_left(done_times, op.invoke_ns)
-            if i > 0 and prefix_max[i - 1] > op.fence:
-                stale += 1
-    counts = Counter(op.value for op in acked if op.value is not None)
-    duplicates = sum(c - 1 for c in counts.values() if c > 1)
-    lost = max(len(acked) - final, duplicates, 0)
-    phantom = max(final - len(acked) - unknown, 0)
-    return RegisterResult(
-        acknowledged=len(acked),
-        rejected=rejected,
-        unknown=unknown,
-        stale_accepted=stale,
-        lost_updates=lost,
-        phantom=phantom,
-        final=final,
-        duplicates=duplicates,
-    )
+    found: list[Op] = []
+    for op in acked:
+        if op.fence is None:
+            continue
+        i = bisect.bisect_left(done_times, op.invoke_ns)
+        if i > 0 and prefix_max[i - 1] > op.fence:
+            found.append(op)
+    return found
+
+
+def stale_accepted_writes(ops: Sequence[Op]) -> list[Op]:
+    """The fenced writes :func:`check_fenced_register` counts as ``stale_accepted``."""
+    acked = [op for op in ops if op.kind == "write" and op.status == "ok"]
+    return _stale_accepted(ops, acked, ("advance", "write"))
 
 
 def check_fenced_register(ops: Sequence[Op], final: int) -> RegisterResult:
@@ -301,6 +316,11 @@ def unfenced_overlaps(ops: Sequence[Op]) -> int:
     """Canary writes acknowledged after another worker had acquired the lock since the writer
     did: exactly the writes fencing would have refused once the newer holder claimed the
     resource. Real-time order only; no fence is trusted."""
+    return len(unfenced_overlap_ops(ops))
+
+
+def unfenced_overlap_ops(ops: Sequence[Op]) -> list[Op]:
+    """The canary writes :func:`unfenced_overlaps` counts, in history order."""
     acquired = sorted(
         (
             (op.done_ns, op.worker, op.iteration)
@@ -314,7 +334,7 @@ def unfenced_overlaps(ops: Sequence[Op]) -> int:
         for op in ops
         if op.kind == "acquire" and op.status == "ok" and op.done_ns is not None
     }
-    count = 0
+    found: list[Op] = []
     for op in ops:
         if op.kind != "canary-write" or op.status != "ok":
             continue
@@ -326,8 +346,8 @@ def unfenced_overlaps(ops: Sequence[Op]) -> int:
         if any(
             acquired[i][1] != op.worker or acquired[i][2] != op.iteration for i in range(lo, hi)
         ):
-            count += 1
-    return count
+            found.append(op)
+    return found
 
 
 # --------------------------------------------------------------------------------------------

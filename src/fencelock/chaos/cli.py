@@ -38,7 +38,7 @@ from .nemesis import (
     faketime_available,
     make_schedule,
 )
-from .report import ChaosResult, availability
+from .report import ChaosResult, History, availability, html_report
 from .workload import CANARY_KEY, RESOURCE, WorkerConfig, WorkerPool, decode_count
 
 __all__ = ["ChaosConfig", "analyse", "default_faults", "run", "run_chaos"]
@@ -317,6 +317,14 @@ def run_chaos(
             retry_cap=config.retry_cap,
             extra=extra,
         )
+        result.history = History(
+            ops=list(pool.ops),
+            records=records,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            servers=config.servers,
+            workers=config.workers,
+        )
         if log is not None and not result.safe:
             log.write(f"safety violation; schedule (seed {config.seed}):\n")
             for r in records:
@@ -339,10 +347,12 @@ def run(
     faults: list[str] | None = None,
     seed: int | None = None,
     json_output: bool = False,
+    html_path: str | None = None,
 ) -> int:
     """The ``fencelock chaos`` command: 0 when the fenced register saw no safety violation
     (no stale write accepted, no lost update), 1 otherwise. With ``json_output`` exactly one
-    JSON object goes to stdout; progress and the table go to stderr."""
+    JSON object goes to stdout; progress and the table go to stderr. With ``html_path`` the
+    run's picture (:func:`~fencelock.chaos.report.html_report`) is written to that file."""
     binary = find_server_binary()
     faketime = faketime_available(binary)
     chosen = tuple(faults) if faults else default_faults(servers, faketime)
@@ -363,6 +373,10 @@ def run(
     err.flush()
     result, _ = run_chaos(config, progress=err, log=err)
     err.write(result.table() + "\n")
+    if html_path is not None and result.history is not None:
+        with open(html_path, "w", encoding="utf-8") as fh:
+            fh.write(html_report(result, result.history))
+        err.write(f"fencelock chaos: wrote {html_path}\n")
     if not result.safe:
         err.write(
             f"replay: fencelock chaos --servers {servers} --workers {workers} "

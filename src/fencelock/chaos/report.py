@@ -10,10 +10,18 @@ times, the fault log) that :meth:`ChaosResult.to_json` adds after them.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["JSON_FIELDS", "ChaosResult", "availability"]
+from .._html import Svg, esc, page, table
+from .checkers import Op, lease_windows, stale_accepted_writes, unfenced_overlap_ops
+
+if TYPE_CHECKING:
+    from .nemesis import FaultRecord
+
+__all__ = ["JSON_FIELDS", "ChaosResult", "History", "availability", "html_report"]
 
 JSON_FIELDS = (
     "acquisitions",
@@ -55,6 +63,7 @@ class ChaosResult:
     faults: dict[str, int]
     duration_s: float
     details: dict[str, Any] = field(default_factory=dict)
+    history: History | None = field(default=None, repr=False, compare=False)
 
     @property
     def safe(self) -> bool:
@@ -124,6 +133,19 @@ class ChaosResult:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class History:
+    """What a run recorded, for the picture: every worker's operations, the fault log, the
+    workload's monotonic start and end (ns), and the number of lock servers and workers."""
+
+    ops: Sequence[Op]
+    records: Sequence[FaultRecord]
+    start_ns: int
+    end_ns: int
+    servers: int
+    workers: int
+
+
 def _verdict(ok: bool) -> str:
     return "ok" if ok else "VIOLATION"
 
@@ -151,3 +173,317 @@ def availability(
         (t - start_ns) // width for t in acquired_ns if start_ns <= t < start_ns + buckets * width
     }
     return round(len(hit) / buckets, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# the HTML page of ``fencelock chaos --html``
+
+FAULT_COLOURS = {
+    "pause": "#ffcc80",
+    "kill": "#ef9a9a",
+    "partition": "#b39ddb",
+    "network": "#90caf9",
+    "clock": "#a5d6a7",
+}
+_WORKER_NOTE = re.compile(r"worker=(\d+)")
+_WIDTH = 1320
+_LEFT = 110
+_RIGHT = 20
+_ROW = 26
+_MAX_LATENCY_POINTS = 6000
+
+
+def html_report(result: ChaosResult, history: History) -> str:
+    """The self-contained page: summary table, timeline (per lock server: the faults; per
+    worker: leases, validity, pauses, every write, violations in red) and latency over time."""
+    from .nemesis import CATEGORY
+
+    span_ns = max(history.end_ns - history.start_ns, 1)
+    plot_w = _WIDTH - _LEFT - _RIGHT
+
+    def x_of(t_ns: int) -> float:
+        clipped = min(max(t_ns, history.start_ns), history.end_ns)
+        return _LEFT + plot_w * (clipped - history.start_ns) / span_ns
+
+    def secs(t_ns: int) -> str:
+        return f"{(t_ns - history.start_ns) / 1e9:.3f} s"
+
+    d = result.details
+    body: list[str] = []
+    verdict = (
+        '<p class="verdict-safe">SAFE: no violation on the fenced register</p>'
+        if result.safe
+        else '<p class="verdict-bad">VIOLATION on the fenced register</p>'
+    )
+    body.append(verdict)
+    body.append("<h2>Summary</h2>")
+    body.append(_summary_table(result))
+
+    # ---- timeline --------------------------------------------------------------------------
+    violations = {id(op) for op in unfenced_overlap_ops(history.ops)}
+    stale_ok = {id(op) for op in stale_accepted_writes(history.ops)}
+    rows = history.servers + history.workers
+    top = 30.0
+    height = top + rows * _ROW + 40
+    svg = Svg(_WIDTH, height, cls="timeline")
+    _axis(svg, x_of, history, top, top + rows * _ROW)
+    for i in range(history.servers):
+        y = top + i * _ROW
+        svg.rect(_LEFT, y + 2, plot_w, _ROW - 4, "#f5f5f5")
+        svg.text(_LEFT - 8, y + _ROW / 2 + 4, f"server {i}", anchor="end")
+    for w in range(history.workers):
+        y = top + (history.servers + w) * _ROW
+        svg.rect(_LEFT, y + 2, plot_w, _ROW - 4, "#fafafa", cls="worker-row")
+        svg.text(_LEFT - 8, y + _ROW / 2 + 4, f"worker {w}", anchor="end")
+
+    def worker_y(worker: int) -> float:
+        return top + (history.servers + worker) * _ROW
+
+    for rec in history.records:
+        category = CATEGORY.get(rec.fault.name, "network")
+        colour = FAULT_COLOURS.get(category, "#e0e0e0")
+        end = rec.heal_ns if rec.heal_ns is not None else history.end_ns
+        x0, x1 = x_of(rec.start_ns), x_of(end)
+        label = f"{rec.fault.name} {secs(rec.start_ns)} .. {secs(end)} {rec.note} {rec.error}"
+        match = _WORKER_NOTE.search(rec.note)
+        if rec.fault.name == "pause-holder" and match and int(match.group(1)) < history.workers:
+            y = worker_y(int(match.group(1)))
+            svg.rect(
+                x0,
+                y + 1,
+                x1 - x0,
+                _ROW - 2,
+                colour,
+                cls="fault pause",
+                title=label,
+                extra='opacity="0.8"',
+            )
+            continue
+        if rec.fault.name == "pause-holder":
+            continue  # no worker was paused (the fault log says why)
+        targets = rec.fault.targets or tuple(range(history.servers))
+        for t in targets:
+            if 0 <= t < history.servers:
+                y = top + t * _ROW
+                svg.rect(
+                    x0,
+                    y + 2,
+                    x1 - x0,
+                    _ROW - 4,
+                    colour,
+                    cls=f"fault {category}",
+                    title=label.strip(),
+                )
+
+    for lw in lease_windows(history.ops):
+        if lw.worker >= history.workers:
+            continue
+        y = worker_y(lw.worker)
+        x0, x1 = x_of(lw.start_ns), x_of(lw.end_ns)
+        svg.rect(
+            x0,
+            y + 6,
+            x1 - x0,
+            _ROW - 12,
+            "#42a5f5",
+            cls="lease",
+            title=f"worker {lw.worker} fence {lw.fence}: {secs(lw.start_ns)} .. {secs(lw.end_ns)}",
+        )
+        if lw.used_until_ns > lw.end_ns:
+            svg.line(
+                x1,
+                y + _ROW / 2,
+                x_of(lw.used_until_ns),
+                y + _ROW / 2,
+                "#c62828",
+                width=2,
+                cls="outlived",
+                extra='stroke-dasharray="3,2"',
+                title=f"fence {lw.fence} kept acting until {secs(lw.used_until_ns)}",
+            )
+    for op in history.ops:
+        if (
+            op.kind == "acquire"
+            and op.status == "ok"
+            and op.until_ns is not None
+            and op.worker < history.workers
+            and op.done_ns is not None
+        ):
+            y = worker_y(op.worker)
+            svg.rect(
+                x_of(op.done_ns),
+                y + 4,
+                x_of(op.until_ns) - x_of(op.done_ns),
+                2,
+                "#0d47a1",
+                cls="validity",
+                title=f"validity of fence {op.fence} until {secs(op.until_ns)}",
+            )
+    marks = {"accepted": 0, "refused": 0, "unknown": 0, "violation": 0}
+    for op in history.ops:
+        if op.kind not in ("write", "advance", "canary-write") or op.worker >= history.workers:
+            continue
+        t = op.done_ns if op.done_ns is not None else op.invoke_ns
+        x, y = x_of(t), worker_y(op.worker)
+        what = f"{op.kind} fence {op.fence} value {op.value} at {secs(t)}"
+        if id(op) in violations or id(op) in stale_ok:
+            reason = (
+                "canary write after a newer holder acquired"
+                if id(op) in violations
+                else ("STALE fenced write accepted")
+            )
+            svg.rect(
+                x - 4, y + 2, 8, _ROW - 4, "#d50000", cls="violation", title=f"{reason}: {what}"
+            )
+            marks["violation"] += 1
+        elif op.kind == "canary-write":
+            continue  # an ordinary canary write: nothing to show
+        elif op.status == "ok":
+            if op.kind == "write":
+                svg.circle(
+                    x, y + _ROW - 7, 3, "#2e7d32", cls="write accepted", title=f"accepted {what}"
+                )
+                marks["accepted"] += 1
+        elif op.status == "fail" and op.info == "stale":
+            svg.line(
+                x - 4,
+                y + 3,
+                x + 4,
+                y + _ROW - 3,
+                "#e65100",
+                width=2,
+                cls="write refused",
+                title=f"refused as stale: {what}",
+            )
+            svg.line(x - 4, y + _ROW - 3, x + 4, y + 3, "#e65100", width=2)
+            marks["refused"] += 1
+        elif op.status == "unknown":
+            svg.circle(
+                x,
+                y + _ROW - 7,
+                3,
+                "#9e9e9e",
+                cls="write unknown",
+                title=f"outcome unknown ({op.info}): {what}",
+            )
+            marks["unknown"] += 1
+    body.append("<h2>Timeline</h2>")
+    body.append(_legend())
+    body.append(svg.render())
+    body.append(
+        f"<p>{marks['accepted']} fenced writes accepted, {marks['refused']} refused as stale, "
+        f"{marks['unknown']} of unknown outcome, {marks['violation']} violation(s) marked in red "
+        f"(canary writes that fencing would have refused, and stale fenced writes accepted).</p>"
+    )
+
+    # ---- latency over time -----------------------------------------------------------------
+    body.append("<h2>Acquire latency over time</h2>")
+    body.append(_latency_plot(history, x_of))
+
+    if d.get("fault_log"):
+        body.append("<h2>Fault log</h2><pre>")
+        body.append(esc("\n".join(str(line) for line in d["fault_log"])))
+        body.append("</pre>")
+    subtitle = (
+        f"{history.servers} servers, {history.workers} workers, {result.duration_s:.1f} s, "
+        f"seed {d.get('seed', '-')}, engine {d.get('engine', '-')}"
+    )
+    return page("fencelock chaos", subtitle, body)
+
+
+def _summary_table(result: ChaosResult) -> str:
+    rows = []
+    for line in result.table().splitlines():
+        if line.startswith("result:"):
+            continue
+        parts = re.split(r"\s{2,}", line.strip(), maxsplit=2)
+        parts += [""] * (3 - len(parts))
+        name, value, note = parts[0], parts[1], parts[2]
+        cls = "bad" if "VIOLATION" in note else ("good" if note == "ok" else "")
+        rows.append(((name, ""), (value, cls), (note, "")))
+    return table(("figure", "value", "note"), rows, cls="summary")
+
+
+def _legend() -> str:
+    items = [
+        ("#42a5f5", "lease held (acquire .. validity end or release)"),
+        ("#0d47a1", "validity window"),
+        ("#c62828", "holder acting past its validity (dashed)"),
+        ("#2e7d32", "fenced write accepted"),
+        ("#e65100", "write refused as stale (x)"),
+        ("#d50000", "violation"),
+    ] + [(colour, f"fault: {name}") for name, colour in FAULT_COLOURS.items()]
+    spans = "".join(
+        f'<span><i style="background:{esc(c)}"></i>{esc(label)}</span>' for c, label in items
+    )
+    return f'<p class="legend">{spans}</p>'
+
+
+def _axis(svg: Svg, x_of: Any, history: History, y0: float, y1: float) -> None:
+    span_s = (history.end_ns - history.start_ns) / 1e9
+    step = _nice_step(span_s)
+    t = 0.0
+    for _ in range(1000):
+        if t > span_s + 1e-9:
+            break
+        x = x_of(history.start_ns + int(t * 1e9))
+        svg.line(x, y0 - 4, x, y1, "#e0e0e0")
+        svg.text(x, y0 - 8, f"{t:g} s", anchor="middle")
+        t += step
+
+
+def _nice_step(span_s: float) -> float:
+    for step in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200):
+        if span_s / step <= 16:
+            return float(step)
+    return 3600.0 * 6
+
+
+def _latency_plot(history: History, x_of: Any) -> str:
+    points = [
+        op
+        for op in history.ops
+        if op.kind == "acquire" and op.done_ns is not None and op.status != "unknown"
+    ]
+    if len(points) > _MAX_LATENCY_POINTS:
+        every = len(points) // _MAX_LATENCY_POINTS + 1
+        points = points[::every]
+    height, top, bottom = 240, 20, 30
+    plot_h = height - top - bottom
+    svg = Svg(_WIDTH, height, cls="latency")
+    plot_w = _WIDTH - _LEFT - _RIGHT
+    svg.rect(_LEFT, top, plot_w, plot_h, "#ffffff", extra='stroke="#bbb"')
+    for rec in history.records:
+        end = rec.heal_ns if rec.heal_ns is not None else history.end_ns
+        svg.rect(
+            x_of(rec.start_ns),
+            top,
+            x_of(end) - x_of(rec.start_ns),
+            plot_h,
+            "#fff3e0",
+            title=rec.fault.name,
+        )
+    lat_ms = [((op.done_ns or 0) - op.invoke_ns) / 1e6 for op in points]
+    peak = max(lat_ms, default=0.0) or 1.0
+    for op, ms in zip(points, lat_ms, strict=True):
+        y = top + plot_h - plot_h * ms / peak
+        ok = op.status == "ok"
+        svg.circle(
+            x_of(op.done_ns or op.invoke_ns),
+            y,
+            2,
+            "#1565c0" if ok else "#9e9e9e",
+            cls="latency-point",
+            title=f"worker {op.worker} acquire {'ok' if ok else op.info}: {ms:.1f} ms",
+        )
+    svg.text(_LEFT - 6, top + 10, f"{peak:.0f} ms", anchor="end")
+    svg.text(_LEFT - 6, top + plot_h, "0", anchor="end")
+    svg.text(
+        _LEFT + plot_w / 2,
+        height - 8,
+        f"acquire() latency per attempt (blue: granted, grey: refused), {len(points)} "
+        f"attempts; fault windows shaded",
+        anchor="middle",
+    )
+    svg.line(_LEFT, top + plot_h, _LEFT + plot_w, top + plot_h, "#777")
+    return svg.render()
