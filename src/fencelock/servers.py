@@ -432,10 +432,12 @@ class Server:
                 self._spawn()
                 outcome = self._wait_ready(deadline)
                 if outcome == "ready":
-                    self._started_once = True
                     # whatever this process's locks knew of this address is about a server
-                    # that is gone (a test reuses ports): forget its health and identity
-                    server_started(self._host, self.port)
+                    # that is gone (a test reuses ports): forget its health, and on a first
+                    # start its identity too (a restart keeps it: the next handshake shows
+                    # the changed run_id, which restart_delay needs to see)
+                    server_started(self._host, self.port, new_server=not self._started_once)
+                    self._started_once = True
                     return self
                 tail = self._log_tail(log_start)
                 self._reap(timeout=1.0)

@@ -149,10 +149,13 @@ def test_elect_runs_one_leader_at_a_time_hands_on_when_it_ends_and_status_names_
 ) -> None:
     url = fencelock_session_server.url
     log = tmp_path / "log"
+    go = tmp_path / "go"  # a leader's command runs until the test has looked at the status
     body = (
         "import os, sys, time; "
         f"open({str(log)!r}, 'a').write(os.environ['FENCELOCK_LEADER'] + ' ' "
-        "+ os.environ['FENCELOCK_FENCE'] + '\\n'); time.sleep(1.0); sys.exit(3)"
+        "+ os.environ['FENCELOCK_FENCE'] + '\\n'); t = time.monotonic(); "
+        f'exec("while not os.path.exists({str(go)!r}) and time.monotonic() < t + 30: '
+        'time.sleep(0.02)"); sys.exit(3)'
     )
     second: subprocess.Popen[str] | None = None
     first = start("elect", "--key", key, "--name", "a", "--server", url, "--", sys.executable,
@@ -171,6 +174,7 @@ def test_elect_runs_one_leader_at_a_time_hands_on_when_it_ends_and_status_names_
             capture_output=True, text=True, env=_env(), timeout=BOUND,
         )  # fmt: skip
         assert "leader: a" in text.stdout
+        go.touch()  # now the first leader's command ends (and the second's will at once)
         first.communicate(timeout=BOUND)
         ended = time.monotonic()
         assert first.returncode == 3  # the command's own code

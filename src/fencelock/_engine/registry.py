@@ -92,10 +92,13 @@ def resolve(servers: object) -> tuple[Server, ...]:
     return tuple(result)
 
 
-def server_started(host: str, port: int) -> None:
+def server_started(host: str, port: int, *, new_server: bool = False) -> None:
     """A server process was (re)started at ``host:port`` (``fencelock.servers`` says so): what
     the engine knew of that address (suspect, cached scripts) was about another process; the
-    next handshake reports the new identity. Idle connections are found stale on use."""
+    next handshake reports the new identity. ``new_server``: not a restart of the same server
+    but another one on a reused port, so the old identity is forgotten as well (it would make
+    a replica look like the master that used the port before). Idle connections are found
+    stale on use."""
     loopback = host in _LOOPBACK
     for address, server in list(_servers.items()):
         if address.port != port or address.path is not None:
@@ -104,6 +107,8 @@ def server_started(host: str, port: int) -> None:
             server.answered()
             server.recheck = True
             server.loaded.clear()
+            if new_server:
+                server.identity = None
 
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
