@@ -4,6 +4,7 @@ the options, the flows an acquisition runs, and the lock's identity (key, server
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 from . import _hooks
@@ -47,9 +48,15 @@ _FIELDS = (
 )
 
 
+def build_options(ttl: object, wait: object, rest: Mapping[str, object]) -> LockOptions:
+    """:class:`LockOptions` from ``ttl``, ``wait`` and every other option by name, remembered
+    like :func:`_options` (``Client.lock(key, ttl=, wait=)`` shares the cache with ``Lock``)."""
+    return _options((ttl, wait, *(rest[name] for name in _FIELDS[2:])))
+
+
 def _options(args: tuple[object, ...]) -> LockOptions:
-    """``LockOptions.build`` of the arguments, remembered (keyed with their types, so that
-    ``True`` is not taken for ``1``)."""
+    """``LockOptions.build`` of the arguments in ``_FIELDS`` order, remembered (keyed with their
+    types, so that ``True`` is not taken for ``1``)."""
     try:
         cache_key = tuple((type(a), a) for a in args)
         options = _built.get(cache_key)

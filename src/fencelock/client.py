@@ -20,6 +20,7 @@ from ._core.semaphore import check_limit
 from ._definition import Definition, Gate
 from ._engine.registry import resolve
 from ._engine.server import Server
+from ._front import build_options
 from ._sync.family import MultiLock, RWLock, Semaphore
 from ._sync.lock import Lock
 from .election import AsyncElection, Election, check_name, default_name
@@ -39,9 +40,6 @@ from .options import (
 
 L = TypeVar("L", Lock, AsyncLock)
 C = TypeVar("C", bound="_ClientBase[Any]")
-
-#: Option sets a client keeps built, by (ttl, wait) asked of ``lock()``, at the most.
-OPTIONS_CACHE_MAX = 256
 
 
 class _ClientBase(Generic[L]):
@@ -78,7 +76,6 @@ class _ClientBase(Generic[L]):
         }
         self.options = LockOptions.build(ttl=ttl, wait=wait, **self._raw)
         self._servers: tuple[Server, ...] = resolve(servers)
-        self._built: dict[tuple[object, object], LockOptions] = {}
         self._gate = Gate()
 
     @property
@@ -119,7 +116,6 @@ class _ClientBase(Generic[L]):
         twin._raw = self._raw
         twin.options = self.options
         twin._servers = self._servers
-        twin._built = {}
         twin._gate = self._gate
         return twin
 
@@ -129,18 +125,11 @@ class _ClientBase(Generic[L]):
     def _options(self, ttl: Seconds | None, wait: Seconds | None) -> LockOptions:
         if ttl is None and wait is None:
             return self.options
-        cache_key = (ttl, wait)
-        options = self._built.get(cache_key)
-        if options is None:
-            options = LockOptions.build(
-                ttl=self.options.ttl if ttl is None else ttl,
-                wait=self.options.wait if wait is None else wait,
-                **self._raw,
-            )
-            if len(self._built) >= OPTIONS_CACHE_MAX:
-                self._built.clear()
-            self._built[cache_key] = options
-        return options
+        return build_options(
+            self.options.ttl if ttl is None else ttl,
+            self.options.wait if wait is None else wait,
+            self._raw,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(servers={self.servers}, ttl={self.options.ttl})"

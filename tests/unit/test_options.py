@@ -200,3 +200,14 @@ def test_small_ttl_with_the_default_server_timeout(make: Callable[..., Any], ttl
     to something shorter than the ttl, not make the lock invalid."""
     lock = make(URL, "k", ttl)
     assert 0 < lock.options.server_timeout < ttl
+
+
+def test_client_lock_refuses_a_bool_ttl_even_after_the_same_number_was_used() -> None:
+    # True == 1 as a dict key: a cache keyed by value alone would hand back ttl=1's options
+    client = fencelock.Client("redis://127.0.0.1:1/0", ttl=5)
+    assert client.lock("k", ttl=1).ttl == 1.0
+    with pytest.raises(fencelock.ConfigError, match="ttl"):
+        client.lock("k", ttl=True)
+    with pytest.raises(fencelock.ConfigError, match="wait"):
+        client.lock("k", wait=False)
+    client.close()
