@@ -44,7 +44,7 @@ class Tally:
 
     @property
     def needed(self) -> int:
-        return self.n // 2 + 1 if self.n >= 1 else majority(self.n)
+        return majority(self.n)
 
     def record(self, index: int, outcome: Outcome, detail: object = None) -> None:
         if not 0 <= index < self.n:

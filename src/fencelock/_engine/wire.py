@@ -7,20 +7,10 @@ from .resp import ReplyError, bulks, command
 from .server import Server
 
 
-def script_call(
-    server: Server, name: str, keys: tuple[str, ...], args: tuple[str | int, ...]
-) -> tuple[Script, bytes]:
-    """The encoded call of script ``name``: EVALSHA when ``server`` is known to have it,
-    EVAL with the full source otherwise (which also caches it there)."""
-    script = BY_NAME[name]
-    if script.sha in server.loaded:
-        return script, command("EVALSHA", script.sha, _numkeys(script, keys), *keys, *args)
-    return script, full_call(script, keys, args)
-
-
 class Calls:
-    """:func:`script_call` with the constant part of each call (command, script, keys)
-    encoded once."""
+    """Encoded script calls: EVALSHA when the server is known to have the script, EVAL with the
+    full source otherwise (which also caches it there); the constant part of each call
+    (command, script, keys) is encoded once."""
 
     __slots__ = ("_prefixes",)
 

@@ -25,7 +25,7 @@ from typing import Any
 from .._core.effects import Repeat
 from .._engine.registry import on_fork
 from .._engine.server import LateCall, Server
-from .._engine.wire import PING, full_call, is_noscript, script_call
+from .._engine.wire import CALLS, PING, full_call, is_noscript
 from .._scripts import BY_NAME
 from .connection import Connection
 
@@ -274,7 +274,7 @@ class Background:
             return
         for call in due:
             server.late.remove(call)
-        payload = b"".join(script_call(server, c.script, c.keys, c.args)[1] for c in due)
+        payload = b"".join(CALLS.encode(server, c.script, c.keys, c.args)[1] for c in due)
         self._start(server, _LateBatch, payload, len(due), due)
 
     def _start(
