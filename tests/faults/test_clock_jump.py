@@ -64,7 +64,11 @@ def jump_scenario(topo: Topology, jump: str) -> list[Op]:
             topo.jump_clock(30.0)
         time.sleep(0.05)
         t = now()
-        lease_b = b.acquire(wait=0)  # a second majority: {2, 3, 4} or {0, 3, 4}
+        # a second majority: {2, 3, 4} or {0, 3, 4}. Servers 3 and 4 timed out while A
+        # acquired, so they are suspect until a background probe sees them healed (up to about
+        # one probe interval + server timeout): B may need its one retry at the wait's end,
+        # still well inside A's 5 s lease
+        lease_b = b.acquire(wait=1.5)
         done = now()
         ops.append(Op(1, 1, "acquire", "ok", t, done, lease_b.fence, None,
                       done + int(lease_b.remaining() * 1e9)))
