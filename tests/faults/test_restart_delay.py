@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from fencelock import Lease, Lock, LockLost, NotAcquired
+from fencelock._engine.registry import resolve
 from fencelock.chaos.nemesis import Topology, faketime_available
 from fencelock.doctor import diagnose
 
@@ -60,6 +61,12 @@ def a_holds_then_server_1_restarts_empty(topo: Topology, a: Lock) -> tuple[Lease
     topo.proxies[2].blackhole()
     lease = a.acquire(wait=1.0)
     topo.heal_network()
+    # server 2 timed out during A's round, so it is suspect (not asked) until a background
+    # probe sees it healed: wait for that (bounded) so that B later finds it answering
+    (server_2,) = resolve(topo.lock_urls[2])
+    deadline = time.monotonic() + 1.0
+    while server_2.health.suspect and time.monotonic() < deadline:
+        time.sleep(0.01)
     topo.servers[1].kill()
     topo.servers[1].restart(wipe=True)
     return lease, time.monotonic()
