@@ -101,6 +101,38 @@ def test_observers_see_every_change_in_order_and_stop_at_their_timeout(
     assert all(a != b for a, b in itertools.pairwise(seen))  # changes only
 
 
+def test_an_observer_blocked_where_the_leader_lost_the_race_is_still_woken(
+    topologies: Any, key: str
+) -> None:
+    """Regression: the announcement woke observers only on servers where the new leader held
+    the lock. An observer blocked on the one server another token held slept through a whole
+    term (seen in CI: a term after a killed leader was granted on 2 of 3 servers)."""
+    group = topologies.group(3)
+    other = group.servers[0].client()
+    other.set(lock_keys(key).lock, "someone-else", px=30_000)  # the first server: not ours
+    client = fencelock.Client(group.urls, ttl=10.0)  # observers poll every 2 s
+    seen: list[Leader | None] = []
+    started = threading.Event()
+
+    def watch() -> None:
+        for leader in client.election(key).observe(timeout=1.5):
+            seen.append(leader)
+            started.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert started.wait(BOUND)
+        time.sleep(0.1)  # the observer blocks on its wake list on the first server
+        with client.election(key, name="a").campaign(wait=1) as term:
+            time.sleep(0.3)  # a term far shorter than the observer's poll period
+    finally:
+        watcher.join(BOUND)
+        other.delete(lock_keys(key).lock)
+    assert not watcher.is_alive()
+    assert [(x.name, x.fence) for x in seen if x is not None] == [("a", term.fence)]
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_asyncio_campaign_observe_and_a_lost_term_cancel_the_body(
     topologies: Any, key: str, n: int

@@ -53,7 +53,7 @@ SHAS = {
     "release": "68850af1ecec02a0774c796e1149e55bed42e2f3",
     "extend": "4e3c65ca9dbb8c878577ed2d7e8295abbfc6affb",
     "fence_commit": "d737600cb3d048e087aa81d2a17de7b90c25adbf",
-    "elect_announce": "bc11b0ccf3d826eb8d52bb247dd9d49a0bdb7d34",
+    "elect_announce": "67c5da1be7769ff0c1c763a1bf9f4502ba0b9858",
     "elect_read": "66866ef41563323a1dfce0570c3f814557da8e3d",
     "sem_acquire": "b069a838e96fd30a016a6e691a859457f75a30c3",
     "sem_sweep": "aff25c99be1c9fd8d49b92cc12153de0b63040bd",

@@ -3,13 +3,17 @@
 -- server ms); an observer's wake list is KEYS[3] .. ':' .. its id (same hash tag)
 -- ARGV[1] token ('' = only wake the observers: a term ended)
 -- ARGV[2] holder info naming the leader and its term (JSON)   ARGV[3] wake list lifetime in ms
--- returns 1 announced (the lock is ours here) or observers woken; 0 not ours: nothing changed
+-- returns 1 announced (the lock is ours here) or observers woken; 0 not ours here: nothing
+--         named, but the observers are woken all the same (one blocked on this server would
+--         otherwise sleep through a term that a majority elsewhere granted)
+local ours = 1
 if ARGV[1] ~= '' then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return 0
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', pttl) end
+  else
+    ours = 0
   end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', pttl) end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   local now = redis.call('TIME')
@@ -21,4 +25,4 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('PEXPIRE', list, ARGV[3])
   end
 end
-return 1
+return ours
