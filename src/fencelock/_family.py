@@ -11,7 +11,7 @@ from ._core.effects import Flow
 from ._core.multi import acquire_all, check_keys, try_acquire_all
 from ._core.rwlock import reader_plan, writer_plan
 from ._definition import UNSET, Definition
-from ._front import LockFront
+from ._front import LockFront, reject_fair
 from ._holder import new_token
 from .options import DEFAULT_TTL, Seconds, seconds
 
@@ -33,6 +33,7 @@ class RWFront(Generic[L]):
     _lock_class: ClassVar[type[Any]]
 
     def __init__(self, servers: Any, key: str, ttl: Seconds = DEFAULT_TTL, **options: Any) -> None:
+        reject_fair("a read-write lock", options)
         base = self._lock_class(servers, key, ttl, **options)
         self._setup(base._definition)
 
@@ -74,6 +75,7 @@ class MultiFront(Generic[L]):
 
     def __init__(self, servers: Any, keys: Any, ttl: Seconds = DEFAULT_TTL, **options: Any) -> None:
         names = check_keys(keys)
+        reject_fair("a multi-key lock", options)
         first = self._lock_class(servers, names[0], ttl, **options)
         definition: Definition = first._definition
         self._setup(

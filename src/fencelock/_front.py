@@ -10,17 +10,19 @@ from typing import Any
 from . import _hooks
 from ._core.acquire import AttemptFn, Grant, acquire, try_acquire
 from ._core.effects import Flow
+from ._core.fair import acquire_fair, fair_attempt, fair_plan
 from ._core.semaphore import SemaphorePlan, check_limit, make_semaphore_plan, permit_attempt
 from ._definition import UNSET, Definition
 from ._engine.registry import resolve
 from ._holder import new_token
 from ._reentry import Reentry, make_reentry
-from .errors import FencelockError
+from .errors import ConfigError, FencelockError
 from .options import (
     DEFAULT_TTL,
     DEFAULT_WAIT,
     DRIFT_FACTOR,
     DRIFT_MIN,
+    FAIR_HEARTBEAT,
     HANDOFF_WINDOW,
     RETRY_BASE,
     RETRY_CAP,
@@ -94,6 +96,19 @@ def _definition(servers: Any, key: str, options: LockOptions) -> Definition:
     return definition
 
 
+def check_fair(fair: object) -> bool:
+    """``fair`` must be a bool (ConfigError otherwise)."""
+    if not isinstance(fair, bool):
+        raise ConfigError(f"fair must be a bool, not {type(fair).__name__}")
+    return fair
+
+
+def reject_fair(kind: str, options: Mapping[str, object]) -> None:
+    """ConfigError when ``fair`` is asked of a primitive that has no fair form."""
+    if "fair" in options:
+        raise ConfigError(f"fair= is not supported by {kind} (only by Lock)")
+
+
 class LockFront:
     """A lock definition: servers, key, lease length, default wait. Safe to share.
 
@@ -117,6 +132,10 @@ class LockFront:
     - ``reentrant``: the same owner (the thread; in asyncio the task; or ``owner``, an id of
       your choosing) acquiring again gets the lease it holds (same token and fence) instead of
       waiting for itself; only the outermost acquire and release talk to the servers.
+    - ``fair``: waiters are granted in arrival order (a queue on each server; a waiter that
+      died is skipped after about ``FAIR_HEARTBEAT`` = 3 s); combines with every other option,
+      ``reentrant`` included (see docs/family.md, "Fair lock", for what the order means over N
+      servers and when it can be broken). Every Lock on a key should agree on ``fair``.
     - ``restart_delay``: a server seen restarting (its ``run_id`` changed) less than ``ttl`` ago
       does not vote, so a restart that lost its keys cannot let a second majority form (default
       None: on for N > 1 servers, off for one).
@@ -143,6 +162,7 @@ class LockFront:
         reentrant: bool = False,
         owner: str | None = None,
         restart_delay: bool | None = None,
+        fair: bool = False,
     ) -> None:
         args = (
             ttl,
@@ -159,27 +179,45 @@ class LockFront:
             restart_delay,
         )
         reentry = make_reentry(reentrant, owner)
+        check_fair(fair)
         self._setup(_definition(servers, key, _options(args)))
         self._reentry: Reentry | None = reentry
+        self._set_fair(fair)
 
     @classmethod
     def _of(
-        cls, definition: Definition, *, reentrant: bool = False, owner: str | None = None
+        cls,
+        definition: Definition,
+        *,
+        reentrant: bool = False,
+        owner: str | None = None,
+        fair: bool = False,
     ) -> Any:
         """A lock from an already validated definition (``Client.lock``); no I/O."""
         reentry = make_reentry(reentrant, owner)
+        check_fair(fair)
         lock = cls.__new__(cls)
         lock._setup(definition)
         lock._reentry = reentry
+        lock._set_fair(fair)
         return lock
 
     def _setup(self, definition: Definition) -> None:
         self._definition = definition
         self._closed = False
         self._reentry = None
+        self._fair = False
+
+    def _set_fair(self, fair: bool) -> None:
+        """Make this lock fair: the same definition driving the fair scripts."""
+        self._fair = fair
+        if fair:
+            self._definition = self._definition.with_plan(fair_plan(self._definition.plan))
 
     def _attempt_with(self) -> AttemptFn | None:
         """The attempt the acquire flows repeat (None: the plain lock's)."""
+        if self._fair:
+            return fair_attempt(self._definition.plan)
         return None
 
     def _grant_definition(self, grant: Grant) -> Definition:
@@ -218,6 +256,16 @@ class LockFront:
         )
         self._check_open()
         definition = self._definition
+        if self._fair:
+            flow = acquire_fair(
+                definition.plan,
+                wait_s,
+                new_token=new_token,
+                holder_info=definition.holder,
+                rand=random.random,
+                heartbeat_s=FAIR_HEARTBEAT,
+            )
+            return self._observed(flow) if _hooks.observers else flow
         flow = acquire(
             definition.plan,
             wait_s,
@@ -264,6 +312,7 @@ class SemaphoreFront(LockFront):
     ) -> None:
         if "reentrant" in options or "owner" in options:
             raise FencelockError("a semaphore is not reentrant")
+        reject_fair("a semaphore", options)
         self._limit = check_limit(limit)
         super().__init__(servers, key, ttl, **options)
 

@@ -91,12 +91,13 @@ class _ClientBase(Generic[L]):
         *,
         reentrant: bool = False,
         owner: str | None = None,
+        fair: bool = False,
     ) -> L:
         """A lock on ``key`` over this client's servers; ``ttl``/``wait`` default to the
         client's. No I/O. Raises :class:`~fencelock.ConfigError` for a bad key or option.
-        ``reentrant``/``owner``: see :class:`~fencelock.Lock`."""
+        ``reentrant``/``owner``/``fair``: see :class:`~fencelock.Lock`."""
         definition = self._definition(key, ttl, wait)
-        return self._lock_class._of(definition, reentrant=reentrant, owner=owner)  # type: ignore[no-any-return]
+        return self._lock_class._of(definition, reentrant=reentrant, owner=owner, fair=fair)  # type: ignore[no-any-return]
 
     def _definition(self, key: str, ttl: Seconds | None, wait: Seconds | None) -> Definition:
         if self._gate.closed:

@@ -29,6 +29,10 @@ RETRY_BASE = 0.01
 RETRY_CAP = 0.5
 #: After a release wakes a waiter, newcomers step aside this long so the woken waiter gets it.
 HANDOFF_WINDOW = 0.05
+#: A fair lock's waiter keeps its place in line by refreshing a lease this long on its queue
+#: entry (every third of it); a waiter that died is skipped about this long after its last
+#: refresh. Seconds, not minutes; long enough that a busy process does not lose its place.
+FAIR_HEARTBEAT = 3.0
 #: A wake signal nobody picked up disappears after this long (seconds).
 WAKE_LIFETIME = 5.0
 #: One blocking wait on the wake list lasts at most this long before the waiter re-checks.

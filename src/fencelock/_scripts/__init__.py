@@ -39,6 +39,9 @@ RW_READ_EXTEND = _load("rw_read_extend", 1)
 RW_READ_RELEASE = _load("rw_read_release", 3)
 RW_WRITE_ACQUIRE = _load("rw_write_acquire", 7)
 RW_WRITE_RELEASE = _load("rw_write_release", 4)
+FAIR_ACQUIRE = _load("fair_acquire", 6)
+FAIR_RELEASE = _load("fair_release", 5)
+FAIR_LEAVE = _load("fair_leave", 4)
 
 ALL = (
     ACQUIRE,
@@ -55,5 +58,8 @@ ALL = (
     RW_READ_RELEASE,
     RW_WRITE_ACQUIRE,
     RW_WRITE_RELEASE,
+    FAIR_ACQUIRE,
+    FAIR_RELEASE,
+    FAIR_LEAVE,
 )
 BY_NAME = {script.name: script for script in ALL}

@@ -1,0 +1,30 @@
+-- fair_release: compare-and-delete; then wake the head of the queue (and only it).
+-- KEYS[1] lock key   KEYS[2] holder info
+-- KEYS[3] queue (zset: waiter id -> arrival ticket)
+-- KEYS[4] heartbeats (zset: waiter id -> expiry in server ms)
+-- KEYS[5] wake prefix: a waiter's wake list is KEYS[5] .. ':' .. its id (same hash tag)
+-- ARGV[1] token      ARGV[2] hand-off window in ms (unused: the queue decides who is next)
+-- ARGV[3] wake element lifetime in ms
+-- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 64)) do
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('ZREM', KEYS[4], id)
+  end
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)
+  if #head > 0 then
+    local list = KEYS[5] .. ':' .. head[1]
+    redis.call('DEL', list)
+    redis.call('RPUSH', list, '1')
+    redis.call('PEXPIRE', list, ARGV[3])
+  else
+    redis.call('DEL', KEYS[3], KEYS[4])
+  end
+end
+return 1
