@@ -290,7 +290,8 @@ class LockFront:
             raise FencelockError(f"{self.key!r}: this Lock (or its client) was closed")
 
     def __repr__(self) -> str:
-        return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl})"
+        fair = ", fair=True" if self._fair else ""
+        return f"Lock({self.key!r}, servers={self.servers}, ttl={self.options.ttl}{fair})"
 
 
 class SemaphoreFront(LockFront):

@@ -53,7 +53,8 @@ def test_a_killed_waiter_at_the_head_is_skipped_within_seconds(
 ) -> None:
     urls = topologies.urls(n)
     servers = [redis.Redis.from_url(url) for url in urls]
-    holder = fencelock.Lock(urls, key, ttl=10.0, fair=True).acquire()
+    # one attempt (wait=0) never queues: the queue holds only the waiters below
+    holder = fencelock.Lock(urls, key, ttl=10.0, fair=True).acquire(wait=0)
     script = tmp_path / "waiter.py"
     script.write_text(WAITER)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -109,7 +110,7 @@ def test_waiters_keep_their_order_when_a_minority_restarts_empty(
     urls = group.urls
     servers = [redis.Redis.from_url(url) for url in urls]
     client = fencelock.Client(urls, ttl=10.0, restart_delay=False)
-    holder = client.lock(key, fair=True).acquire()
+    holder = client.lock(key, fair=True).acquire(wait=0)
     order: list[int] = []
     errors: list[BaseException] = []
 

@@ -66,8 +66,8 @@ SHAS = {
     "rw_read_release": "535692975132f29d978c63ebe5ec5d227641b2d8",
     "rw_write_acquire": "3cc2e3a4d315e1e2866d735e47ae1645353aa326",
     "rw_write_release": "581212d1cc66beece09852da1ed6f1a4b9d55708",
-    "fair_acquire": "32e51a2d5049c9f3150c54fe3eafe095e422333b",
-    "fair_release": "ea1d65ba3061b4168f8b944e3b95fe7e42ccf1de",
+    "fair_acquire": "5f36cebe2fdf0c45a27ac8ca1d3994845adcc857",
+    "fair_release": "872bc35403c1531b966f270b8d21447d4adf3496",
     "fair_leave": "2c61a2abfc77159cccb10269f4286b5acc4037d5",
 }
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from fencelock import NotAcquired
-from fencelock._core.effects import IDENTITIES, NOW, Broadcast, Identify, Pause
+from fencelock._core.effects import IDENTITIES, NOW, Broadcast, Identify, Pause, Repeat
 from fencelock._core.fair import FairReply, acquire_fair, decode_fair, fair_plan
 from fencelock._core.plan import make_plan
+from fencelock._core.quorum import Outcome
 from fencelock._core.replies import ProtocolError
 
 
@@ -61,6 +62,9 @@ def test_a_waiter_whose_wait_runs_out_leaves_the_queue_before_the_error() -> Non
                 assert effect.args[3] == "a" * 16  # the waiter id
                 for index in effect.targets:
                     effect.tally.record(index, *_held(42))
+            elif isinstance(effect, Broadcast) and effect.script == "fair_leave":
+                for index in effect.targets:
+                    effect.tally.record(index, Outcome.GRANTED, 1)
             elif isinstance(effect, Pause):
                 assert effect.wake == (0, p.keys.lock + ":fair:wake:" + "a" * 16)
                 assert effect.delay_s <= 1.0  # a heartbeat refresh at least every third of it
@@ -74,6 +78,63 @@ def test_a_waiter_whose_wait_runs_out_leaves_the_queue_before_the_error() -> Non
 
 
 def _held(ticket: int) -> tuple[Any, Any]:
-    from fencelock._core.quorum import Outcome
-
     return Outcome.HELD, FairReply(False, 0, 5000, ticket=ticket)
+
+
+class Interrupted(BaseException):
+    """Stands for a cancellation thrown into the flow by a driver."""
+
+
+def test_an_exception_thrown_in_while_waiting_leaves_the_queue_then_propagates() -> None:
+    p = plan()
+    flow = acquire_fair(
+        p, 30.0, new_token=lambda: "b" * 32, holder_info=str, rand=lambda: 0.5, heartbeat_s=3.0
+    )
+    effect = flow.send(None)
+    answer: Any = None
+    while not isinstance(effect, Pause):
+        answer = 0.0 if effect is NOW else (None,) if effect is IDENTITIES else None
+        if isinstance(effect, Broadcast):
+            for index in effect.targets:
+                effect.tally.record(index, *_held(7))
+        effect = flow.send(answer)
+    effect = flow.throw(Interrupted())
+    assert isinstance(effect, Broadcast) and effect.script == "fair_leave"
+    assert effect.args[0] == "b" * 16 and effect.targets == (0,)
+    effect.tally.record(0, Outcome.GRANTED, 1)
+    with pytest.raises(Interrupted):
+        flow.send(None)
+
+
+def test_a_grant_is_handed_out_at_once_with_a_token_that_names_the_waiter() -> None:
+    """Nothing stands between a grant and its lease (a cancellation there would orphan the
+    lock); the waiter's entry goes with the release, which finds it from the token."""
+    p = plan(3)
+    flow = acquire_fair(
+        p, 30.0, new_token=lambda: "c" * 32, holder_info=str, rand=lambda: 0.5, heartbeat_s=3.0
+    )
+    answer: Any = None
+    effects: list[Any] = []
+    try:
+        while True:
+            effect = flow.send(answer)
+            effects.append(effect)
+            answer = 0.0 if effect is NOW else (None, None, None)
+            if isinstance(effect, Broadcast):
+                answer = None
+                for index in effect.targets:
+                    if effect.script == "fair_acquire" and index < 2:
+                        effect.tally.record(index, Outcome.GRANTED, FairReply(True, 9 + index, 0))
+                    elif effect.script == "fair_acquire":
+                        effect.tally.record(index, *_held(3))
+                    else:  # the fence commit
+                        effect.tally.record(index, Outcome.GRANTED, 1)
+    except StopIteration as stop:
+        grant = stop.value
+    assert grant.fence == 10
+    assert grant.token.startswith("c" * 16) and len(grant.token) == 32
+    assert [e.script for e in effects if isinstance(e, Broadcast)] == [
+        "fair_acquire",
+        "fence_commit",
+    ]
+    assert not any(isinstance(e, Repeat) for e in effects)

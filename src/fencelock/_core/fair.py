@@ -12,10 +12,14 @@ still needs a majority and a committed fence). What fairness adds is a queue on 
 - a server grants only to the head of its queue (the lowest ticket), and only while the lock
   key is free; a caller that will not wait (``try_acquire``, ``wait=0``) gets it only when
   nobody is queued;
-- the release wakes the head only (its own wake list), and a waiter that gives up (its wait
-  ran out, a cancellation, an error) leaves the queue on every server, waking the new head
-  when it was the head of a free lock. Anything left behind (a straggler that re-queued after
-  the leave, a wake list nobody read) expires by its TTL (heartbeat, wake lifetime).
+- a grant keeps the holder's entry (a grant that did not reach a majority is released with a
+  bare compare-and-delete, so its waiter stays first in line everywhere); the release takes it
+  out on every server, even where the lock was not ours (the waiter id is the token's first 16
+  characters), then wakes the head only (its own wake list) wherever the lock is free;
+- a waiter that gives up (its wait ran out, a cancellation, an error) leaves the queue on
+  every server, waking the new head when it was the head of a free lock. Anything left
+  behind (a straggler that re-queued after the leave, a wake list nobody read, the entry of a
+  holder that crashed) expires by its TTL (heartbeat, wake lifetime).
 
 The ticket over N servers (what "arrival order" means): a newcomer's first attempt proposes
 ``max(last ticket + 1, server TIME in us)`` on each server; the ticket is the largest proposal
@@ -27,8 +31,9 @@ agrees on (ticket, then waiter id). The same ticket is re-sent on every attempt,
 that restarted empty gets the queue back, in order, within a refresh period.
 
 Where the order can still be broken (fairness is best effort; mutual exclusion never is):
-a waiter that stalls for longer than the heartbeat is dropped (and takes its old place again
-when it comes back, if nobody was granted meanwhile); a majority of servers that lost their
+a waiter that stalls for longer than the heartbeat is dropped (when it comes back it takes
+its old place again, ahead of those who arrived after it, but those granted meanwhile went
+first); a majority of servers that lost their
 queues (restart without persistence) while their clocks lag the one that issued the earlier
 tickets; and a plain (not fair) lock on the same key ignores the queue (it stays mutually
 exclusive with the fair one, with the same fences).
@@ -37,7 +42,7 @@ exclusive with the fair one, with the same fences).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .acquire import (
     Attempt,
@@ -50,7 +55,7 @@ from .acquire import (
     settled,
 )
 from .backoff import retry_delay_s
-from .effects import IDENTITIES, NOW, Broadcast, Flow, Identify, Pause
+from .effects import IDENTITIES, NOW, Broadcast, Flow, Identify, Pause, Repeat
 from .fencing import needs_commit
 from .plan import LockPlan, Wiring
 from .quorum import Outcome, Tally
@@ -189,31 +194,55 @@ def attempt_fair(
     except GeneratorExit:
         raise
     except BaseException:
-        yield from clean_up(plan, token, tally)
+        yield from clean_up(_quiet(plan), token, tally)
         raise
     if decision.status is Status.GRANTED:
         deadline = start + (plan.ttl_ms - drift) / 1000.0
         return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
-    yield from clean_up(plan, token, tally)
+    yield from clean_up(_quiet(plan), token, tally)
     return Attempt(None, decision, tally)
 
 
-def leave(plan: LockPlan, waiter: str, targets: tuple[int, ...] | None = None) -> Flow[None]:
-    """Take ``waiter`` out of the queue on ``targets`` (default: every server)."""
+def _quiet(plan: LockPlan) -> LockPlan:
+    """``plan`` whose release is a bare compare-and-delete (the plain release script over the
+    plain waiter keys, which a fair lock leaves empty): the failed attempt of a waiter keeps
+    its place in the queue, and wakes nobody (it is the head; it tries again at once)."""
+    k = plan.keys
+    return plan.rewired(
+        k,
+        replace(
+            plan.wiring,
+            release="release",
+            release_keys=(k.lock, k.holder, k.waiters, k.wake, k.handoff),
+        ),
+    )
+
+
+def _leave_keys(plan: LockPlan) -> tuple[str, ...]:
     q = fair_keys(plan)
-    targets = plan.everyone if targets is None else targets
-    if not targets:
-        return
+    return (plan.keys.lock, q.queue, q.beats, q.wake)
+
+
+def leave(plan: LockPlan, waiter: str) -> Flow[None]:
+    """Take ``waiter`` out of the queue on every server (those that do not answer get it
+    again in the background; an entry left anyway expires with its heartbeat)."""
+    tally = Tally(plan.n)
+    args = (waiter, plan.wake_ms)
     yield Broadcast(
         "fair_leave",
-        targets,
-        (plan.keys.lock, q.queue, q.beats, q.wake),
-        (waiter, plan.wake_ms),
+        plan.everyone,
+        _leave_keys(plan),
+        args,
         classify_leave,
         None,
         plan.budget_s,
-        Tally(plan.n),
+        tally,
     )
+    silent = tuple(
+        i for i in plan.everyone if tally.votes.get(i, (Outcome.ERROR,))[0] is Outcome.ERROR
+    )
+    if silent:
+        yield Repeat("fair_leave", silent, _leave_keys(plan), args, until_s=plan.ttl_ms / 1000.0)
 
 
 def _first_answered(tally: Tally) -> int | None:
@@ -258,16 +287,14 @@ def acquire_fair(
             attempts += 1
             result = yield from attempt_fair(
                 plan,
-                new_token(),
+                waiter + new_token()[:16],  # the release finds our entry from the token
                 holder_info(),
                 waiter=waiter,
                 ticket=ticket,
                 heartbeat_ms=heartbeat_ms,
             )
             if result.grant is not None:
-                granted = set(result.tally.granted_indexes())
-                yield from leave(plan, waiter, tuple(i for i in plan.everyone if i not in granted))
-                return result.grant
+                return result.grant  # our entry goes with the release (fair_release)
             seen = tickets(result.tally)
             merged = max([ticket, *seen])
             # a new ticket (or servers that disagree) is written back at once: the waiter has

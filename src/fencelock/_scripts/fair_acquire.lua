@@ -4,11 +4,13 @@
 -- KEYS[5] heartbeats (zset: waiter id -> expiry in server ms)
 -- KEYS[6] wake prefix: a waiter's wake list is KEYS[6] .. ':' .. its id (same hash tag)
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
--- ARGV[4] waiter id, stable over one acquire() call ('-': a caller that will not wait)
+-- ARGV[4] waiter id, stable over one acquire() call ('-': a caller that will not wait); the
+--         token starts with it (fair_release finds the holder's entry from the token)
 -- ARGV[5] the caller's ticket ('0': not known yet; an arrival here proposes one)
 -- ARGV[6] heartbeat lease of the caller's queue entry, in ms
 -- returns {1, fence}          granted; fence = max(F + 1, server TIME in us), stored in F; the
---                             caller's entry and wake list are gone
+--                             caller's wake list is gone, its entry stays (it keeps its place
+--                             if the grant does not reach a majority) until fair_release
 --         {0, pttl_ms, ticket} refused: another holder has it (pttl_ms, -1 unknown), or it is
 --                             free but an earlier waiter is ahead (pttl_ms = 0); ticket = the
 --                             caller's position here (0 for '-'): ARGV[5], or a proposal
@@ -48,12 +50,7 @@ if #head > 0 and head[1] ~= id then
   return {0, 0, string.format('%.0f', ticket)}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if id ~= '-' then
-  redis.call('ZREM', KEYS[4], id)
-  redis.call('ZREM', KEYS[5], id)
-  redis.call('DEL', KEYS[6] .. ':' .. id)
-  if redis.call('ZCARD', KEYS[4]) == 0 then redis.call('DEL', KEYS[4], KEYS[5]) end
-end
+if id ~= '-' then redis.call('DEL', KEYS[6] .. ':' .. id) end
 local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
 redis.call('SET', KEYS[2], string.format('%.0f', fence))
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
