@@ -75,14 +75,15 @@ EXIT_UNREACHABLE = 69
 ACL_SETUSER = (
     "ACL SETUSER fencelock on >CHANGE-ME resetkeys ~fencelock:* resetchannels -@all "
     "+ping +info +role +select +eval +evalsha +blpop "
-    "+get +set +del +exists +pexpire +pttl +zadd +zrem +zcard +zremrangebyscore +rpush +time"
+    "+get +set +del +exists +pexpire +pttl +zadd +zrem +zcard +zremrangebyscore +rpush +time "
+    "+zrange +zrangebyscore +zscore"
 )
 
 # what fencelock sends itself, and what its Lua scripts call (checked per call by the server)
 _DIRECT = ("PING", "INFO", "ROLE", "EVAL", "EVALSHA", "BLPOP")
 _IN_SCRIPTS = (
     "SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "ZADD", "ZCARD",
-    "ZREMRANGEBYSCORE", "ZREM", "RPUSH", "TIME", "DEL",
+    "ZREMRANGEBYSCORE", "ZREM", "RPUSH", "TIME", "DEL", "ZRANGE", "ZRANGEBYSCORE", "ZSCORE",
 )  # fmt: skip
 _OPTIONAL = frozenset({"INFO", "ROLE"})  # without them: no identity checks, still works
 _PROBE_BASE = "fencelock:{fencelock-doctor}"
@@ -110,6 +111,9 @@ try('ZADD', KEYS[2], 1, 'm')
 try('PEXPIRE', KEYS[2], 1000)
 try('ZCARD', KEYS[2])
 try('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(0')
+try('ZRANGE', KEYS[2], 0, -1)
+try('ZRANGEBYSCORE', KEYS[2], '-inf', '+inf')
+try('ZSCORE', KEYS[2], 'm')
 try('ZREM', KEYS[2], 'm')
 try('RPUSH', KEYS[3], 'x')
 try('PEXPIRE', KEYS[3], 1000)

@@ -38,8 +38,10 @@ from fencelock.doctor import ACL_SETUSER
 from fencelock.servers import Server, ServerGroup
 
 PASSWORD = "s3cret-pw"
-LOCK_SCRIPTS = ("acquire", "extend", "fence_commit", "release")  # what a lock server runs
 SCRIPTS_DIR = Path(fencelock.__file__).parent / "_scripts"
+GUARD_SCRIPTS = {"fence_advance", "fence_apply", "fence_write"}  # on the user's data server
+# what a lock server runs: every script but the storage guard's
+LOCK_SCRIPTS = sorted(p.stem for p in SCRIPTS_DIR.glob("*.lua") if p.stem not in GUARD_SCRIPTS)
 
 
 def rules() -> list[str]:
@@ -194,3 +196,26 @@ def test_a_waiter_whose_user_may_not_blpop_sleeps_instead_of_spinning(
 def test_the_documented_line_is_the_one_tested() -> None:
     docs = Path(__file__).parents[2] / "docs" / "deploying.md"
     assert ACL_SETUSER in docs.read_text()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_whole_family_works_as_the_acl_user(topologies: AclTopologies, n: int) -> None:
+    """Fair lock, semaphore, read-write lock and election run their own scripts (ZRANGE,
+    ZRANGEBYSCORE, ZSCORE beyond the plain lock's): the one line must cover them too."""
+    client = fencelock.Client(topologies.urls(n), ttl=5.0)
+    base = f"acl:family:{n}:{time.monotonic_ns()}"
+    with client.lock(f"{base}:fair", fair=True).hold(wait=2) as lease:
+        assert lease.fence > 0
+    sem = client.semaphore(f"{base}:sem", limit=2)
+    with sem.hold(wait=2) as one, sem.hold(wait=2) as two:
+        assert {one.slot, two.slot} == {0, 1}
+    rw = client.rwlock(f"{base}:rw")
+    with rw.read(wait=2) as r1, rw.read(wait=2) as r2:
+        assert r1.token != r2.token
+    with rw.write(wait=2) as writer:
+        assert writer.fence > max(r1.fence, r2.fence)
+    election = client.election(f"{base}:elect", name="acl")
+    with election.campaign(wait=2) as term:
+        leader = election.leader()
+        assert leader is not None and (leader.name, leader.fence) == ("acl", term.fence)
+    client.close()
