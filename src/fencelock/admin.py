@@ -6,7 +6,9 @@ client-side retries, closed before the function returns. Servers are URLs (``red
 ``rediss://``, ``valkey://``, ``unix://``), one or a sequence; server names in the results are
 password-free (``host:port/db``, or ``unix:/path``), as in the lock's own messages.
 
-- :func:`status` reads (never changes) the lock's keys on every server.
+- :func:`status` reads (never changes) the lock's keys on every server; for a semaphore it
+  also lists the permits (slot, token prefix, validity, holder) and for a read-write lock the
+  readers and the writer.
 - :func:`release` compare-and-deletes the lock where it still holds the given token, exactly as
   ``lease.release()`` would (waiters are woken).
 - :func:`force_release` deletes the lock whoever holds it. A holder that is still running is
@@ -23,12 +25,13 @@ import json
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import redis
 from redis.exceptions import NoScriptError
 
-from ._core.keys import LockKeys, lock_keys
+from ._core.keys import LockKeys, lock_keys, rw_keys, slot_keys
+from ._core.semaphore import check_limit
 from ._plain_clients import describe, plain_client
 from ._scripts import RELEASE
 from .errors import ConfigError
@@ -37,6 +40,8 @@ from .options import HANDOFF_WINDOW, WAKE_LIFETIME, check_key, check_url, second
 __all__ = [
     "DEFAULT_TIMEOUT",
     "FORCE_ATTEMPTS",
+    "KINDS",
+    "Lessee",
     "ReleaseResult",
     "ServerOutcome",
     "ServerStatus",
@@ -56,9 +61,29 @@ FORCE_ATTEMPTS = 3
 _RELEASE_TAIL = (round(HANDOFF_WINDOW * 1000), round(WAKE_LIFETIME * 1000))
 
 
-class ServerStatus(TypedDict):
-    """One server's view of a lock (a row of ``fencelock status --json``)."""
+#: What :func:`status` can be told (or finds) a key is: ``"auto"`` looks at the keys present.
+KINDS = ("auto", "lock", "semaphore", "rwlock")
+Kind = Literal["lock", "semaphore", "rwlock"]
 
+
+class _LeaseView(TypedDict):
+    token_prefix: str  # the holder's token, first 8 characters
+    ttl_s: float | None  # validity left, seconds
+    holder: dict[str, Any] | None  # as a lock's holder; readers store none (None)
+
+
+class Lessee(_LeaseView, total=False):
+    """One lease of a semaphore or read-write lock: a permit (with ``slot``), a reader or the
+    writer. In a server row: that server's view. In the report: merged over the servers by
+    token, ``servers_held`` of them hold it and ``majority`` says whether that is a majority;
+    ``ttl_s`` is then the validity left on a majority (None when none holds it)."""
+
+    slot: int  # permits only: the slot, 0..limit-1
+    servers_held: int  # report only
+    majority: bool  # report only
+
+
+class _ServerView(TypedDict):
     server: str  # password-free name
     held: bool  # the lock key exists
     token_prefix: str | None  # the holder's token, first 8 characters
@@ -68,13 +93,40 @@ class ServerStatus(TypedDict):
     error: str | None  # why the server could not be read (or its fence register is bad)
 
 
-class Status(TypedDict):
-    """The object ``fencelock status --json`` prints."""
+class ServerStatus(_ServerView, total=False):
+    """One server's view of a lock (a row of ``fencelock status --json``).
 
+    For a semaphore the row also has ``permits``; for a read-write lock ``readers`` and
+    ``writer_waiting`` (a waiting writer's intent marker is set); ``held`` and the rest are
+    the lock key itself (a read-write lock's writer)."""
+
+    permits: list[Lessee]
+    readers: list[Lessee]
+    writer_waiting: bool
+
+
+class _LockStatus(TypedDict):
     key: str
     servers: list[ServerStatus]
     fence: int | None  # the highest fence register found, None when none was
     leader: str | None  # for an election key: the leader's name (held on a majority), else None
+
+
+class Status(_LockStatus, total=False):
+    """The object ``fencelock status --json`` prints.
+
+    A plain lock's object has exactly ``key``, ``servers``, ``fence``, ``leader`` (as in
+    v0.1). A semaphore's or read-write lock's object adds ``kind`` and, merged over the
+    servers: a semaphore's ``limit`` (None unless given: servers do not store it) and
+    ``permits``; a read-write lock's ``readers``, ``writer`` (None when no writer holds it on
+    any server) and ``writer_waiting`` (the intent marker is set on a majority)."""
+
+    kind: Kind
+    limit: int | None
+    permits: list[Lessee]
+    readers: list[Lessee]
+    writer: Lessee | None
+    writer_waiting: bool
 
 
 @dataclass(frozen=True)
@@ -130,22 +182,121 @@ class ReleaseResult:
         return self.freed >= self.majority
 
 
-def status(servers: str | Sequence[str], key: str, *, timeout: float = DEFAULT_TIMEOUT) -> Status:
-    """Who holds lock ``key`` on each server, the validity left there, and the fence registers.
+def status(
+    servers: str | Sequence[str],
+    key: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    kind: str = "auto",
+    limit: int | None = None,
+) -> Status:
+    """Who holds lock ``key`` on each server, the validity left there, and the fence registers;
+    for a semaphore its permits, for a read-write lock its readers and writer.
 
     Plain reads, in parallel, nothing changes. Shape: ``{"key", "servers": [{"server",
     "held", "token_prefix", "ttl_s", "holder", "fence", "error"}, ...], "fence", "leader"}``
-    (``leader``: the elected leader's name for an election key, else None).
+    (``leader``: the elected leader's name for an election key, else None), plus the fields
+    :class:`Status` names for a semaphore or read-write lock.
+
+    ``kind`` (one of :data:`KINDS`): ``"auto"`` (default) finds a semaphore by its slot keys
+    (a ``SCAN`` of the server's keys for them) and a read-write lock by its readers or
+    writer-intent keys; a read-write lock held only by its writer, or a semaphore with no
+    permit out, then looks like a plain lock, so name the kind to see it as one. ``limit``:
+    the semaphore's limit, when known (servers do not store it); slots ``0..limit-1`` are read
+    directly, without a ``SCAN``. Raises :class:`~fencelock.ConfigError` for an unknown kind,
+    a bad limit, or a limit with a kind other than ``"auto"`` / ``"semaphore"``.
     """
     urls, name, timeout = _check(servers, key, timeout)
+    if kind not in KINDS:
+        raise ConfigError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if limit is not None:
+        limit = check_limit(limit)
+        if kind not in ("auto", "semaphore"):
+            raise ConfigError(f"limit is for a semaphore, not a {kind}")
+        kind = "semaphore"
     keys = lock_keys(name)
-    rows = _each(urls, lambda url: _probe(url, keys, timeout))
+    family = kind != "lock"
+    family_name = name if family else None
+    rows = _each(urls, lambda url: _probe(url, keys, timeout, family=family_name, limit=limit))
     fences = [row["fence"] for row in rows if row["fence"] is not None]
-    return {
+    report: Status = {
         "key": name,
         "servers": rows,
         "fence": max(fences) if fences else None,
         "leader": _leader(rows),
+    }
+    found = _kind_found(rows) if kind == "auto" else kind
+    for row in rows:  # a row shows only the lists of the kind found
+        if found != "semaphore":
+            row.pop("permits", None)
+        if found != "rwlock":
+            row.pop("readers", None)
+            row.pop("writer_waiting", None)
+    if found == "semaphore":
+        report["kind"] = "semaphore"
+        report["limit"] = limit
+        report["permits"] = _merge(rows, "permits")
+    elif found == "rwlock":
+        report["kind"] = "rwlock"
+        report["readers"] = _merge(rows, "readers")
+        report["writer"] = _writer(rows)
+        waiting = sum(1 for row in rows if row.get("writer_waiting"))
+        report["writer_waiting"] = waiting >= len(rows) // 2 + 1
+    return report
+
+
+def _kind_found(rows: Sequence[ServerStatus]) -> Kind:
+    if any(row.get("permits") for row in rows):
+        return "semaphore"
+    if any(row.get("readers") or row.get("writer_waiting") for row in rows):
+        return "rwlock"
+    return "lock"
+
+
+def _merged_ttl(ttls: list[float | None], majority: int) -> float | None:
+    """The validity left on a majority: the majority-th longest of the servers' validities."""
+    known = sorted((t for t in ttls if t is not None), reverse=True)
+    return known[majority - 1] if len(known) >= majority else None
+
+
+def _merge(rows: Sequence[ServerStatus], field: Literal["permits", "readers"]) -> list[Lessee]:
+    """One entry per lease (token, and slot for permits) over every server that shows it."""
+    majority = len(rows) // 2 + 1
+    seen: dict[tuple[int, str], list[Lessee]] = {}
+    for row in rows:
+        for one in row.get(field, []):
+            seen.setdefault((one.get("slot", -1), one["token_prefix"]), []).append(one)
+    merged: list[Lessee] = []
+    for (slot, token), views in sorted(seen.items()):
+        entry: Lessee = {
+            "token_prefix": token,
+            "ttl_s": _merged_ttl([v["ttl_s"] for v in views], majority),
+            "holder": next((v["holder"] for v in views if v["holder"] is not None), None),
+            "servers_held": len(views),
+            "majority": len(views) >= majority,
+        }
+        if slot >= 0:
+            entry = {"slot": slot, **entry}  # slot first in the JSON
+        merged.append(entry)
+    return merged
+
+
+def _writer(rows: Sequence[ServerStatus]) -> Lessee | None:
+    """The writer (the lock key's holder) held on the most servers, or None."""
+    majority = len(rows) // 2 + 1
+    by_token: dict[str, list[ServerStatus]] = {}
+    for row in rows:
+        if row["held"] and row["token_prefix"] is not None:
+            by_token.setdefault(row["token_prefix"], []).append(row)
+    if not by_token:
+        return None
+    token, views = max(by_token.items(), key=lambda item: (len(item[1]), item[0]))
+    return {
+        "token_prefix": token,
+        "ttl_s": _merged_ttl([v["ttl_s"] for v in views], majority),
+        "holder": next((v["holder"] for v in views if v["holder"] is not None), None),
+        "servers_held": len(views),
+        "majority": len(views) >= majority,
     }
 
 
@@ -243,8 +394,86 @@ def _text(value: object) -> str | None:
     return str(value)
 
 
-def _probe(url: str, keys: LockKeys, timeout: float) -> ServerStatus:
-    """One server's view of the lock (plain reads with a short timeout; never raises)."""
+def _holder(raw: object) -> dict[str, Any] | None:
+    text = _text(raw)
+    if not text:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    return parsed if isinstance(parsed, dict) else {"raw": text}
+
+
+def _ttl_s(pttl: object) -> float | None:
+    return pttl / 1000 if isinstance(pttl, int) and pttl >= 0 else None
+
+
+_GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+def _slot_indexes(client: redis.Redis, name: str) -> list[int]:
+    """The slots of semaphore ``name`` with any key on this server (SCAN MATCH; read only)."""
+    base = slot_keys(name, 0).lock.removesuffix("0")  # "fencelock:{tag}:slot:"
+    found: set[int] = set()
+    for raw in client.scan_iter(match=base.translate(_GLOB_SPECIAL) + "*", count=1000):
+        rest = str(_text(raw))[len(base) :]
+        digits = rest.split(":", 1)[0]
+        if digits.isdigit():
+            found.add(int(digits))
+    return sorted(found)
+
+
+def _family_probe(client: redis.Redis, row: ServerStatus, name: str, limit: int | None) -> None:
+    """Add the semaphore's permits and the read-write lock's readers to ``row``."""
+    rw = rw_keys(name)
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.zrange(rw.readers, 0, -1, withscores=True)
+    pipe.exists(rw.intent)
+    now, readers, intent = pipe.execute()
+    now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    row["readers"] = [
+        {"token_prefix": str(_text(member))[:8], "ttl_s": (expiry - now_ms) / 1000, "holder": None}
+        for member, expiry in readers
+        if expiry > now_ms
+    ]
+    row["writer_waiting"] = bool(intent)
+    slots = list(range(limit)) if limit is not None else _slot_indexes(client, name)
+    pipe = client.pipeline(transaction=False)
+    for slot in slots:
+        keys = slot_keys(name, slot)
+        pipe.get(keys.lock)
+        pipe.pttl(keys.lock)
+        pipe.get(keys.holder)
+    replies = pipe.execute() if slots else []
+    permits: list[Lessee] = []
+    for index, slot in enumerate(slots):
+        token, pttl, holder = replies[3 * index : 3 * index + 3]
+        token_text = _text(token)
+        if token_text is not None:
+            permits.append(
+                {
+                    "slot": slot,
+                    "token_prefix": token_text[:8],
+                    "ttl_s": _ttl_s(pttl),
+                    "holder": _holder(holder),
+                }
+            )
+    row["permits"] = permits
+
+
+def _probe(
+    url: str,
+    keys: LockKeys,
+    timeout: float,
+    *,
+    family: str | None = None,
+    limit: int | None = None,
+) -> ServerStatus:
+    """One server's view of the lock (plain reads with a short timeout; never raises); with
+    ``family`` (the key's name), also of the semaphore's slots and the read-write lock's
+    readers."""
     client = _client(url, timeout)
     row: ServerStatus = {
         "server": _name(client),
@@ -262,6 +491,8 @@ def _probe(url: str, keys: LockKeys, timeout: float) -> ServerStatus:
         pipe.get(keys.holder)
         pipe.get(keys.fence)
         token, pttl, holder, fence = pipe.execute()
+        if family is not None:
+            _family_probe(client, row, family, limit)
     except Exception as exc:
         row["error"] = _error(exc).removeprefix("error: ")
         return row

@@ -293,9 +293,23 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="who holds a lock, validity left per server, current fence",
-        description="Read the lock's keys on every server (plain reads, nothing changes).",
+        description="Read the lock's keys on every server (plain reads, nothing changes); "
+        "for a semaphore its permits, for a read-write lock its readers and writer.",
     )
     status.add_argument("--key", required=True, help="the lock name")
+    status.add_argument(
+        "--kind",
+        choices=admin.KINDS,
+        default="auto",
+        help="what the key is (default: auto, found by the keys present; a read-write lock "
+        "held only by its writer then shows as a lock)",
+    )
+    status.add_argument(
+        "--limit",
+        type=_int_in("--limit", 1, None),
+        default=None,
+        help="a semaphore's limit, when known: reads its slots directly (implies --kind semaphore)",
+    )
     _add_servers(status, DEFAULT_SERVER)
     status.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     _add_common(status)
@@ -771,9 +785,11 @@ def _lead(prog: str, election: Any, args: argparse.Namespace, state: _RunState) 
 # -- status ---------------------------------------------------------------------------------------
 
 
-def status_report(key: str, servers: Sequence[str]) -> admin.Status:
+def status_report(
+    key: str, servers: Sequence[str], *, kind: str = "auto", limit: int | None = None
+) -> admin.Status:
     """The ``status --json`` object for ``key`` on ``servers`` (:func:`fencelock.admin.status`)."""
-    return admin.status(servers, key, timeout=ADMIN_TIMEOUT)
+    return admin.status(servers, key, timeout=ADMIN_TIMEOUT, kind=kind, limit=limit)
 
 
 def _describe_holder(holder: dict[str, Any]) -> str:
@@ -790,14 +806,56 @@ def _describe_holder(holder: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _describe_lessee(one: admin.Lessee, n: int) -> str:
+    ttl = "unknown" if one["ttl_s"] is None else f"{one['ttl_s']:.3f} s"
+    line = f"{one['token_prefix']}…, validity left {ttl}"
+    if "servers_held" in one:
+        line += f", on {one['servers_held']}/{n} servers"
+        if not one.get("majority"):
+            line += " (not a majority: not valid)"
+    if one["holder"]:
+        line += f"; holder {_describe_holder(one['holder'])}"
+    return line
+
+
+def _print_family_status(report: admin.Status) -> None:
+    """The text form of a semaphore's or read-write lock's status (stdout)."""
+    rows, key, kind = report["servers"], report["key"], report.get("kind")
+    n = len(rows)
+    for row in rows:
+        if row["error"] is not None:
+            print(f"  {row['server']}: error: {row['error']}")
+    if kind == "semaphore":
+        permits = report.get("permits", [])
+        valid = sum(1 for one in permits if one.get("majority"))
+        limit = report.get("limit")
+        of = f"limit {limit}" if limit is not None else "limit not stored on the servers"
+        print(f"semaphore {key!r}: {valid} permit(s) held on a majority of {n} ({of})")
+        for one in permits:
+            print(f"  slot {one.get('slot')}: {_describe_lessee(one, n)}")
+    else:
+        readers = report.get("readers", [])
+        writer = report.get("writer")
+        valid = sum(1 for one in readers if one.get("majority"))
+        print(f"read-write lock {key!r}: {valid} reader(s) on a majority of {n} servers")
+        for one in readers:
+            print(f"  reader {_describe_lessee(one, n)}")
+        print(f"  writer: {'none' if writer is None else _describe_lessee(writer, n)}")
+        if report.get("writer_waiting"):
+            print("  a writer is waiting: new readers are refused")
+    print(f"current fence: {report['fence'] if report['fence'] is not None else 'none'}")
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     key = check_key(args.key)
     servers = resolve_servers(args.servers, [DEFAULT_SERVER])
-    report = status_report(key, servers)
+    report = status_report(key, servers, kind=args.kind, limit=args.limit)
     rows = report["servers"]
     answered = [row for row in rows if row["error"] is None or row["held"]]
     if args.json:
         print(json.dumps(report, sort_keys=False))
+    elif "kind" in report:
+        _print_family_status(report)
     else:
         majority = len(rows) // 2 + 1
         held = sum(1 for row in rows if row["held"])
