@@ -369,6 +369,18 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument(
         "--seed", type=_int_in("--seed", 0, None), default=None, help="default: random"
     )
+    chaos.add_argument(
+        "--primitive",
+        choices=("lock", "semaphore", "rwlock"),
+        default="lock",
+        help="what the workers acquire (default: lock)",
+    )
+    chaos.add_argument(
+        "--limit",
+        type=_int_in("--limit", 1, None),
+        default=2,
+        help="the semaphore's permits with --primitive semaphore (default: 2)",
+    )
     chaos.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     chaos.add_argument(
         "--html",
@@ -973,6 +985,8 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         seed=args.seed,
         json_output=args.json,
         html_path=args.html,
+        primitive=args.primitive,
+        limit=args.limit,
     )
 
 

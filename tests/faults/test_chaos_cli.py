@@ -28,6 +28,7 @@ def test_chaos_cli_json_run_is_safe_and_the_canary_sees_the_violations() -> None
     assert data["unfenced_overlaps"] > 0  # the canary sees what fencing prevents
     assert data["stale_writes_rejected"] > 0  # ... and fencing refused those writes
     assert data["acquisitions"] > 0
+    assert data["primitive"] == "lock"  # the default, unchanged run
     assert 0.0 <= data["availability"] <= 1.0
     kinds = {CATEGORY[name] for name, count in data["faults"].items() if count > 0}
     assert {"pause", "kill", "partition"} <= kinds, data["faults"]

@@ -7,7 +7,9 @@ completed (its process was killed) has ``status="unknown"`` and ``done_ns=None``
 
 Operation kinds written by :mod:`fencelock.chaos.workload`:
 
-- ``acquire``: ``fence`` and ``until_ns`` (end of the lease's validity) when ``ok``;
+- ``acquire``: ``fence`` and ``until_ns`` (end of the lease's validity) when ``ok``; for a
+  read-write lock ``info`` is ``"read"`` or ``"write"`` (the mode asked for), for a
+  semaphore ``"permit"``;
 - ``advance`` / ``read`` / ``write``: the fenced register (``value`` = the count read or
   written; ``fail`` with ``info="stale"`` = refused for an older fence);
 - ``canary-read`` / ``canary-write``: the unfenced canary register, same shape;
@@ -20,6 +22,7 @@ property held; the fields count what was seen.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,12 +34,19 @@ __all__ = [
     "LivenessResult",
     "Op",
     "OverlapResult",
+    "PermitResult",
+    "RWResult",
     "RegisterResult",
+    "WriterFenceResult",
     "check_canary",
     "check_fenced_register",
     "check_fences",
     "check_lease_overlap",
     "check_liveness",
+    "check_permit_overlap",
+    "check_rw_exclusion",
+    "check_writer_fences",
+    "lease_modes",
     "lease_windows",
     "stale_accepted_writes",
     "unfenced_overlap_ops",
@@ -310,6 +320,154 @@ def check_lease_overlap(windows: Iterable[LeaseWindow]) -> OverlapResult:
         if i < len(starts) and starts[i] < w.used_until_ns:
             outlived += 1
     return OverlapResult(len(ordered), double, outlived, tuple(examples))
+
+
+# --------------------------------------------------------------------------------------------
+# semaphore and read-write lock
+
+
+@dataclass(frozen=True)
+class PermitResult:
+    """``over_limit``: grants that made more than ``limit`` permits valid at once (each
+    counted once, when it was granted); ``max_concurrent``: the most valid at once."""
+
+    leases: int
+    limit: int
+    max_concurrent: int
+    over_limit: int
+    examples: tuple[tuple[LeaseWindow, ...], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.over_limit == 0
+
+
+def check_permit_overlap(windows: Iterable[LeaseWindow], limit: int) -> PermitResult:
+    """At no time more than ``limit`` validity windows of one semaphore key (a window that
+    ends exactly when another starts does not overlap it, as in :func:`check_lease_overlap`)."""
+    ordered = sorted(windows, key=lambda w: w.start_ns)
+    active: list[tuple[int, int, LeaseWindow]] = []  # heap of (end_ns, seq, window)
+    over = most = 0
+    examples: list[tuple[LeaseWindow, ...]] = []
+    for seq, w in enumerate(ordered):
+        while active and active[0][0] <= w.start_ns:
+            heapq.heappop(active)
+        heapq.heappush(active, (w.end_ns, seq, w))
+        most = max(most, len(active))
+        if len(active) > limit:
+            over += 1
+            if len(examples) < 5:
+                examples.append(tuple(sorted((a[2] for a in active), key=lambda x: x.start_ns)))
+    return PermitResult(len(ordered), limit, most, over, tuple(examples))
+
+
+def lease_modes(ops: Sequence[Op]) -> dict[tuple[int, int], str]:
+    """(worker, iteration) -> the ``info`` of its granted acquire (``"read"`` / ``"write"``
+    for a read-write lock)."""
+    return {
+        (op.worker, op.iteration): op.info
+        for op in ops
+        if op.kind == "acquire" and op.status == "ok"
+    }
+
+
+@dataclass(frozen=True)
+class RWResult:
+    """Pairs of overlapping validity windows of one read-write lock key:
+    ``writer_with_reader`` (a writer and a reader) and ``two_writers``; ``max_readers``: the
+    most readers valid at once (more than one shows that readers do share)."""
+
+    readers: int
+    writers: int
+    writer_with_reader: int
+    two_writers: int
+    max_readers: int
+    examples: tuple[tuple[LeaseWindow, LeaseWindow], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.writer_with_reader == 0 and self.two_writers == 0
+
+
+def check_rw_exclusion(
+    windows: Iterable[LeaseWindow], modes: dict[tuple[int, int], str]
+) -> RWResult:
+    """Never a writer's window overlapping a reader's or another writer's. ``modes`` maps
+    (worker, iteration) to ``"read"`` or ``"write"`` (:func:`lease_modes`); a window of any
+    other mode counts as a writer (the stricter reading)."""
+    ordered = sorted(windows, key=lambda w: w.start_ns)
+    active: list[tuple[int, int, LeaseWindow, bool]] = []  # (end_ns, seq, window, is_writer)
+    readers = writers = with_reader = two = most_readers = 0
+    examples: list[tuple[LeaseWindow, LeaseWindow]] = []
+    for seq, w in enumerate(ordered):
+        while active and active[0][0] <= w.start_ns:
+            heapq.heappop(active)
+        writer = modes.get((w.worker, w.iteration)) != "read"
+        for _, _, other, other_writer in active:
+            if writer and other_writer:
+                two += 1
+            elif writer or other_writer:
+                with_reader += 1
+            else:
+                continue
+            if len(examples) < 5:
+                examples.append((other, w))
+        heapq.heappush(active, (w.end_ns, seq, w, writer))
+        if writer:
+            writers += 1
+        else:
+            readers += 1
+            most_readers = max(most_readers, sum(1 for a in active if not a[3]))
+    return RWResult(readers, writers, with_reader, two, most_readers, tuple(examples))
+
+
+@dataclass(frozen=True)
+class WriterFenceResult:
+    """``violations``: writer grants whose fence is not larger than the fence of a grant
+    (reader's or writer's) acknowledged before the writer's own."""
+
+    writers: int
+    violations: int
+    examples: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.violations == 0
+
+
+def check_writer_fences(ops: Sequence[Op]) -> WriterFenceResult:
+    """A writer's fence exceeds every fence granted before it on the key: larger than the
+    fence of every grant acknowledged before the writer's grant was (``acquire`` ops with
+    ``info="write"`` are the writers; every granted ``acquire`` counts as earlier)."""
+    acquired = sorted(
+        (
+            op
+            for op in ops
+            if op.kind == "acquire"
+            and op.status == "ok"
+            and op.fence is not None
+            and op.done_ns is not None
+        ),
+        key=lambda op: op.done_ns or 0,
+    )
+    best = -1
+    writers = 0
+    bad: list[tuple[int, int]] = []
+    i = 0
+    while i < len(acquired):
+        # grants acknowledged at the same instant are not "before" one another
+        j = i
+        while j < len(acquired) and acquired[j].done_ns == acquired[i].done_ns:
+            j += 1
+        for op in acquired[i:j]:
+            if op.info == "write":
+                writers += 1
+                if (op.fence or 0) <= best:
+                    bad.append((best, op.fence or 0))
+        for op in acquired[i:j]:
+            best = max(best, op.fence or 0)
+        i = j
+    return WriterFenceResult(writers, len(bad), tuple(bad[:5]))
 
 
 def unfenced_overlaps(ops: Sequence[Op]) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from .._core.keys import rw_keys, slot_keys
 from ..errors import ConfigError
 from ..fence import DEFAULT_PREFIX
 from ..servers import Persistence, find_server_binary
@@ -26,6 +27,10 @@ from .checkers import (
     check_fences,
     check_lease_overlap,
     check_liveness,
+    check_permit_overlap,
+    check_rw_exclusion,
+    check_writer_fences,
+    lease_modes,
     lease_windows,
     unfenced_overlaps,
 )
@@ -39,16 +44,26 @@ from .nemesis import (
     make_schedule,
 )
 from .report import ChaosResult, History, availability, html_report
-from .workload import CANARY_KEY, RESOURCE, WorkerConfig, WorkerPool, decode_count
+from .workload import CANARY_KEY, PRIMITIVES, RESOURCE, WorkerConfig, WorkerPool, decode_count
 
-__all__ = ["ChaosConfig", "analyse", "default_faults", "run", "run_chaos"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "PRIMITIVES",
+    "ChaosConfig",
+    "analyse",
+    "default_faults",
+    "run",
+    "run_chaos",
+]
 
 LIVENESS_MARGIN_S = 1.0  # generous: 2 shared cores, other processes running
+DEFAULT_LIMIT = 2  # ``--primitive semaphore``: permits (below the default 5 workers: contention)
 
 
 @dataclass(frozen=True)
 class ChaosConfig:
-    """A run's settings. ``ttl`` is the lease (s); ``work_s`` the mean time a holder works."""
+    """A run's settings. ``ttl`` is the lease (s); ``work_s`` the mean time a holder works;
+    ``primitive`` one of :data:`PRIMITIVES`; ``limit`` the semaphore's permits."""
 
     servers: int = 5
     workers: int = 5
@@ -61,10 +76,18 @@ class ChaosConfig:
     key: str = "chaos"
     retry_cap: float = 0.5
     skipped: tuple[str, ...] = field(default=())
+    primitive: str = "lock"
+    limit: int = DEFAULT_LIMIT
 
     def __post_init__(self) -> None:
         if self.servers < 1 or self.workers < 1:
             raise ConfigError("servers and workers must be >= 1")
+        if self.primitive not in PRIMITIVES:
+            raise ConfigError(
+                f"primitive must be one of {', '.join(PRIMITIVES)}, not {self.primitive!r}"
+            )
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise ConfigError(f"limit must be an int >= 1, not {self.limit!r}")
         if not self.duration > 0 or self.duration > 86_400:
             raise ConfigError(f"duration must be in (0, 86400] s, got {self.duration}")
         unknown = [f for f in self.faults if f not in CATEGORY]
@@ -99,12 +122,44 @@ def analyse(
     ttl: float,
     retry_cap: float,
     extra: dict[str, object] | None = None,
+    primitive: str = "lock",
+    limit: int = DEFAULT_LIMIT,
 ) -> ChaosResult:
-    """Run every checker over a finished history and build the result."""
+    """Run every checker over a finished history and build the result.
+
+    ``primitive`` says which exclusion rule the lease windows must keep: a lock's (never two
+    valid at once), a semaphore's (never more than ``limit``) or a read-write lock's (never a
+    writer with a reader or another writer); ``double_grants`` counts the breaches of that
+    rule, and the primitive's own figures are added (``permit_overlaps``,
+    ``max_concurrent_permits``; ``writer_with_reader``, ``two_writers``, ``max_readers``,
+    ``writer_fence_violations``)."""
     fenced = check_fenced_register(ops, fenced_final)
     canary = check_canary(ops, canary_final)
     fences = check_fences(ops)
-    overlap = check_lease_overlap(lease_windows(ops))
+    windows = lease_windows(ops)
+    overlap = check_lease_overlap(windows)
+    family: dict[str, object] = {"primitive": primitive}
+    double_grants = overlap.double_grants
+    if primitive == "semaphore":
+        permits = check_permit_overlap(windows, limit)
+        double_grants = permits.over_limit
+        family.update(
+            limit=limit,
+            permit_overlaps=permits.over_limit,
+            max_concurrent_permits=permits.max_concurrent,
+        )
+    elif primitive == "rwlock":
+        rw = check_rw_exclusion(windows, lease_modes(ops))
+        writer_fences = check_writer_fences(ops)
+        double_grants = rw.writer_with_reader + rw.two_writers
+        family.update(
+            reads=rw.readers,
+            writes=rw.writers,
+            writer_with_reader=rw.writer_with_reader,
+            two_writers=rw.two_writers,
+            max_readers=rw.max_readers,
+            writer_fence_violations=writer_fences.violations,
+        )
     acquired = sorted(
         op.done_ns
         for op in ops
@@ -131,7 +186,7 @@ def analyse(
         "fenced_writes_unknown": fenced.unknown,
         "phantom_writes": fenced.phantom,
         "fenced_final_value": fenced.final,
-        "double_grants": overlap.double_grants,
+        "double_grants": double_grants,
         "outlived_leases": overlap.outlived,
         "fence_violations": fences.duplicates + fences.out_of_order,
         "acquire_attempts": len(attempts),
@@ -144,6 +199,7 @@ def analyse(
         ),
         "liveness_late": live.late,
         "fault_errors": sum(1 for r in records if r.error),
+        **family,
     }
     if extra:
         details.update(extra)
@@ -235,6 +291,16 @@ class _Progress:
                 return
 
 
+def _expire_keys(config: ChaosConfig) -> tuple[str, ...]:
+    """What ``clock-jump`` expires on a node: the keys a holder of the primitive holds there."""
+    if config.primitive == "semaphore":
+        return tuple(slot_keys(config.key, i).lock for i in range(config.limit))
+    if config.primitive == "rwlock":
+        keys = rw_keys(config.key)
+        return (keys.writer.lock, keys.readers)
+    return ()
+
+
 def run_chaos(
     config: ChaosConfig, *, progress: TextIO | None = None, log: TextIO | None = None
 ) -> tuple[ChaosResult, list[FaultRecord]]:
@@ -269,6 +335,8 @@ def run_chaos(
                 work_s=config.work_s,
                 seed=rng.randrange(2**31),
                 deadline_s=bound,
+                primitive=config.primitive,
+                limit=config.limit,
             )
             for w in range(config.workers)
         ]
@@ -280,6 +348,7 @@ def run_chaos(
             holder_probe=pool.holder_after,
             signal_worker=pool.signal,
             iteration_done=pool.iteration_done,
+            expire_keys=_expire_keys(config),
         )
         start_ns = time.monotonic_ns()
         t0 = time.monotonic()
@@ -316,6 +385,8 @@ def run_chaos(
             ttl=config.ttl,
             retry_cap=config.retry_cap,
             extra=extra,
+            primitive=config.primitive,
+            limit=config.limit,
         )
         result.history = History(
             ops=list(pool.ops),
@@ -348,22 +419,34 @@ def run(
     seed: int | None = None,
     json_output: bool = False,
     html_path: str | None = None,
+    primitive: str = "lock",
+    limit: int = DEFAULT_LIMIT,
 ) -> int:
     """The ``fencelock chaos`` command: 0 when the fenced register saw no safety violation
-    (no stale write accepted, no lost update), 1 otherwise. With ``json_output`` exactly one
-    JSON object goes to stdout; progress and the table go to stderr. With ``html_path`` the
-    run's picture (:func:`~fencelock.chaos.report.html_report`) is written to that file."""
+    (no stale write accepted, no lost update), 1 otherwise. ``primitive`` (one of
+    :data:`PRIMITIVES`) is what the workers acquire; ``limit``: a semaphore's permits. With
+    ``json_output`` exactly one JSON object goes to stdout; progress and the table go to
+    stderr. With ``html_path`` the run's picture (:func:`~fencelock.chaos.report.html_report`)
+    is written to that file. Raises :class:`~fencelock.ConfigError` for a bad primitive or
+    limit."""
     binary = find_server_binary()
     faketime = faketime_available(binary)
     chosen = tuple(faults) if faults else default_faults(servers, faketime)
     seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
     err = sys.stderr
     config = ChaosConfig(
-        servers=servers, workers=workers, duration=float(duration), faults=chosen, seed=seed
+        servers=servers,
+        workers=workers,
+        duration=float(duration),
+        faults=chosen,
+        seed=seed,
+        primitive=primitive,
+        limit=limit,
     )
+    what = {"lock": "a lock", "semaphore": f"a semaphore of {limit}", "rwlock": "a rwlock"}
     err.write(
-        f"fencelock chaos: {servers} servers, {workers} workers, {duration:g} s, "
-        f"seed {seed}, faults: {', '.join(chosen)}\n"
+        f"fencelock chaos: {what[primitive]}, {servers} servers, {workers} workers, "
+        f"{duration:g} s, seed {seed}, faults: {', '.join(chosen)}\n"
     )
     if "faketime-jump" in chosen and not faketime:
         err.write(
@@ -378,8 +461,11 @@ def run(
             fh.write(html_report(result, result.history))
         err.write(f"fencelock chaos: wrote {html_path}\n")
     if not result.safe:
+        family = "" if primitive == "lock" else f" --primitive {primitive}"
+        if primitive == "semaphore":
+            family += f" --limit {limit}"
         err.write(
-            f"replay: fencelock chaos --servers {servers} --workers {workers} "
+            f"replay: fencelock chaos{family} --servers {servers} --workers {workers} "
             f"--duration {duration:g} --faults {','.join(chosen)} --seed {seed}\n"
         )
     err.flush()

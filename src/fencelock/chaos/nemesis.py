@@ -331,8 +331,10 @@ Signaller = Callable[[int, bool], None]
 class Nemesis:
     """Plays ``schedule`` against ``topology`` in a background thread.
 
-    ``lock_key`` is the lock name (for ``clock-jump``); ``holder_probe`` and ``signal_worker``
-    come from the worker pool (for ``pause-holder``). ``records`` grows as faults are played.
+    ``lock_key`` is the lock name (for ``clock-jump``); ``expire_keys``, when given, the keys
+    ``clock-jump`` expires instead of the lock key (a semaphore's slots, a read-write lock's
+    writer key and readers); ``holder_probe`` and ``signal_worker`` come from the worker pool
+    (for ``pause-holder``). ``records`` grows as faults are played.
     """
 
     topology: Topology
@@ -341,6 +343,7 @@ class Nemesis:
     holder_probe: HolderProbe | None = None
     signal_worker: Signaller | None = None
     iteration_done: IterationDone | None = None
+    expire_keys: tuple[str, ...] = ()
     records: list[FaultRecord] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -496,8 +499,9 @@ class Nemesis:
                     hit = bool(direct.exists(lock_keys(self.lock_key).lock))
                 topo.jump_clock(2.0 * fault.duration_s + 1.0)
             else:
+                keys = self.expire_keys or (lock_keys(self.lock_key).lock,)
                 with topo.servers[node].client(socket_timeout=1.0) as direct:
-                    hit = bool(direct.pexpire(lock_keys(self.lock_key).lock, 1))
+                    hit = any([bool(direct.pexpire(k, 1)) for k in keys])
         holder = found[0] if found else None
         record.note = f"node={node} holder={holder} key_expired={hit}"
         record.heal_ns = time.monotonic_ns()

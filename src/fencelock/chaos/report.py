@@ -108,6 +108,7 @@ class ChaosResult:
                 str(d.get("double_grants", "-")),
                 "two valid leases at once (fault-induced)",
             ),
+            *_family_rows(d),
             ("holders outliving their lease", str(d.get("outlived_leases", "-")), ""),
             ("fence order violations", str(d.get("fence_violations", "-")), ""),
             ("availability", f"{self.availability:.1%}", "1-s buckets with an acquisition"),
@@ -131,6 +132,32 @@ class ChaosResult:
             )
         )
         return "\n".join(lines)
+
+
+def _family_rows(d: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The rows of a semaphore's or read-write lock's own checkers."""
+    if d.get("primitive") == "semaphore":
+        return [
+            ("primitive", "semaphore", f"limit {d.get('limit')}"),
+            (
+                "permits over the limit",
+                str(d.get("permit_overlaps", "-")),
+                f"most valid at once: {d.get('max_concurrent_permits', '-')}",
+            ),
+        ]
+    if d.get("primitive") == "rwlock":
+        return [
+            ("primitive", "rwlock", f"{d.get('reads', '-')} reads, {d.get('writes', '-')} writes"),
+            ("writer with a reader", str(d.get("writer_with_reader", "-")), ""),
+            ("two writers", str(d.get("two_writers", "-")), ""),
+            ("most readers at once", str(d.get("max_readers", "-")), "readers share"),
+            (
+                "writer fence not above earlier",
+                str(d.get("writer_fence_violations", "-")),
+                "",
+            ),
+        ]
+    return []
 
 
 @dataclass(frozen=True)

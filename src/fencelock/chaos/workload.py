@@ -19,6 +19,14 @@ One iteration of worker ``w``:
 5. ``canary-write`` count + 1 (plain ``SET``) and fenced ``write`` count + 1 with the fence;
 6. ``release``.
 
+``primitive`` picks what step 1 acquires: ``"lock"`` (a :class:`fencelock.Lock`),
+``"semaphore"`` (a permit of a :class:`fencelock.Semaphore` of ``limit`` permits: up to
+``limit`` workers hold one at once, and the fenced register still refuses every write but the
+newest holder's) or ``"rwlock"`` (a :class:`fencelock.RWLock`: with probability
+``read_share`` a *reader*, which only reads (steps 2-3 without ``advance``, no writes), else a
+*writer*, which does the whole iteration). The granted ``acquire`` record says which in its
+``info`` (``"permit"``, ``"read"``, ``"write"``; empty for a lock).
+
 Every operation is recorded as a :class:`~fencelock.chaos.checkers.Op` (invoke and completion
 times from ``time.monotonic_ns()``); the records of one iteration are sent after it ends.
 Values are stored as ``"count|worker|iteration|fence"`` so the last writer can be seen.
@@ -34,6 +42,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, cast
@@ -42,6 +51,7 @@ from .checkers import Op
 
 __all__ = [
     "CANARY_KEY",
+    "PRIMITIVES",
     "RESOURCE",
     "WorkerConfig",
     "decode_count",
@@ -52,6 +62,7 @@ __all__ = [
 RESOURCE = "chaos:register"  # fenced register resource name (RedisFence prefix added)
 CANARY_KEY = "chaos:canary"  # unfenced canary register (plain string key)
 _STORAGE_TIMEOUT = 5.0  # seconds per storage call; the storage server is never faulted
+PRIMITIVES = ("lock", "semaphore", "rwlock")  # what ``fencelock chaos --primitive`` runs
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,9 @@ class WorkerConfig:
     canary: bool = True
     max_iterations: int = 1_000_000
     unavailable_sleep: float = 0.05
+    primitive: str = "lock"
+    limit: int = 2  # semaphore permits
+    read_share: float = 0.7  # rwlock: the fraction of iterations that read
 
 
 def encode_value(count: int, worker: int, iteration: int, fence: int) -> str:
@@ -140,19 +154,12 @@ def worker_main(cfg: WorkerConfig, out: Connection, control: Connection) -> None
     ``("acq", ...)`` notices on ``out``, then ``("done", worker)``."""
     import redis
 
-    from fencelock import Lock, LockLost, NotAcquired, StaleFence, Unavailable
+    from fencelock import LockLost, NotAcquired, StaleFence, Unavailable
     from fencelock.fence import RedisFence
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: stacks
     rng = random.Random(cfg.seed)
-    lock = Lock(
-        list(cfg.lock_urls),
-        cfg.key,
-        ttl=cfg.ttl,
-        wait=cfg.wait,
-        server_timeout=cfg.server_timeout,
-        holder_info=False,
-    )
+    lock, acquire = _primitive(cfg, rng)
     store = RedisFence(cfg.storage_url, timeout=_STORAGE_TIMEOUT)
     canary = redis.Redis.from_url(
         cfg.storage_url, socket_timeout=_STORAGE_TIMEOUT, socket_connect_timeout=_STORAGE_TIMEOUT
@@ -180,7 +187,7 @@ def worker_main(cfg: WorkerConfig, out: Connection, control: Connection) -> None
                 cfg,
                 rng,
                 rec,
-                lock,
+                acquire,
                 store,
                 canary,
                 out,
@@ -198,11 +205,44 @@ def worker_main(cfg: WorkerConfig, out: Connection, control: Connection) -> None
             canary.close()
 
 
+#: Acquires with a wait in seconds; returns (lease, mode): the ``info`` of the acquire record.
+Acquire = Callable[[float], tuple[Any, str]]
+
+
+def _primitive(cfg: WorkerConfig, rng: random.Random) -> tuple[Any, Acquire]:
+    """The object to close and a callable giving (lease, mode) for ``cfg.primitive``."""
+    from fencelock import Client, Lock
+
+    options: dict[str, Any] = {
+        "ttl": cfg.ttl,
+        "wait": cfg.wait,
+        "server_timeout": cfg.server_timeout,
+        "holder_info": False,
+    }
+    urls = list(cfg.lock_urls)
+    if cfg.primitive == "semaphore":
+        client = Client(urls, **options)
+        sem = client.semaphore(cfg.key, cfg.limit)
+        return client, lambda wait: (sem.acquire(wait=wait), "permit")
+    if cfg.primitive == "rwlock":
+        client = Client(urls, **options)
+        rw = client.rwlock(cfg.key)
+
+        def either(wait: float) -> tuple[Any, str]:
+            if rng.random() < cfg.read_share:
+                return rw.acquire_read(wait=wait), "read"
+            return rw.acquire_write(wait=wait), "write"
+
+        return client, either
+    lock = Lock(urls, cfg.key, **options)
+    return lock, lambda wait: (lock.acquire(wait=wait), "")
+
+
 def _iteration(
     cfg: WorkerConfig,
     rng: random.Random,
     rec: _Recorder,
-    lock: Any,
+    acquire: Acquire,
     store: Any,
     canary: Any,
     out: Connection,
@@ -211,7 +251,7 @@ def _iteration(
     lock_lost, not_acquired, stale_fence, unavailable = errors
     t = time.monotonic_ns()
     try:
-        lease = lock.acquire(wait=cfg.wait)
+        lease, mode = acquire(cfg.wait)
     except not_acquired:
         rec.add("acquire", "fail", t, info="contention")
         return
@@ -225,10 +265,13 @@ def _iteration(
         return
     now = time.monotonic_ns()
     until = now + int(lease.remaining() * 1e9)
-    rec.ops.append(Op(rec.worker, rec.iteration, "acquire", "ok", t, now, lease.fence, None, until))
+    rec.ops.append(
+        Op(rec.worker, rec.iteration, "acquire", "ok", t, now, lease.fence, None, until, mode)
+    )
+    writes = mode != "read"  # a reader only reads
     fenced_ok = cfg.fenced
     count = 0
-    if cfg.fenced:
+    if cfg.fenced and writes:
         t = time.monotonic_ns()
         try:
             store.advance(RESOURCE, lease.fence)
@@ -239,15 +282,15 @@ def _iteration(
         except Exception as exc:
             rec.add("advance", "unknown", t, fence=lease.fence, info=type(exc).__name__)
             fenced_ok = False
-        if fenced_ok:
-            t = time.monotonic_ns()
-            try:
-                raw, _ = store.read(RESOURCE)
-                count = decode_count(raw)
-                rec.add("read", "ok", t, fence=lease.fence, value=count)
-            except Exception as exc:
-                rec.add("read", "fail", t, info=type(exc).__name__)
-                fenced_ok = False
+    if fenced_ok:
+        t = time.monotonic_ns()
+        try:
+            raw, _ = store.read(RESOURCE)
+            count = decode_count(raw)
+            rec.add("read", "ok", t, fence=lease.fence, value=count)
+        except Exception as exc:
+            rec.add("read", "fail", t, info=type(exc).__name__)
+            fenced_ok = False
     canary_ok = cfg.canary
     canary_count = 0
     if cfg.canary:
@@ -263,7 +306,7 @@ def _iteration(
     out.send(("acq", rec.worker, rec.iteration, lease.fence, until))
     # the work
     time.sleep(cfg.work_s * (0.5 + rng.random()))
-    if canary_ok:
+    if canary_ok and writes:
         t = time.monotonic_ns()
         new = canary_count + 1
         try:
@@ -273,7 +316,7 @@ def _iteration(
             rec.add(
                 "canary-write", "unknown", t, fence=lease.fence, value=new, info=type(exc).__name__
             )
-    if fenced_ok:
+    if fenced_ok and writes:
         t = time.monotonic_ns()
         new = count + 1
         try:
