@@ -17,10 +17,14 @@ Cases (see ``docs/benchmarks.md`` for the targets):
 - ``faults``: acquire + release p50 over 5 servers the bench starts itself, healthy and with a
   sick minority (one SIGSTOPped, two black-holed addresses, two refused ports), server
   timeout 0.25 s.
+- ``family``: uncontended acquire + release of a semaphore permit, a read lease and a write
+  lease on one server, interleaved with the plain Lock's in the same rounds; each as ops/s and
+  as a ratio to the Lock's.
 
 Also reported: client CPU per operation (``time.process_time`` per op), server memory per held
-lock (``MEMORY USAGE`` of its keys) and whether anything but the fence register is left after a
-release. Set ``FENCELOCK_BENCH_QUICK=1`` (or ``quick=True``) for a short CI smoke run.
+lock, per held semaphore permit and per read lease (``MEMORY USAGE`` of their keys) and whether
+anything but the fence register is left after a release. Set ``FENCELOCK_BENCH_QUICK=1`` (or
+``quick=True``) for a short CI smoke run.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from ._core.keys import keys_glob, lock_keys
+from ._core.keys import keys_glob, lock_keys, rw_keys, slot_keys
 
 QUICK_ENV = "FENCELOCK_BENCH_QUICK"
 
@@ -61,6 +65,7 @@ HANDOFF_WORK_S = 0.001
 ASYNC_TASKS = 50
 FAULT_SERVERS = 5
 FAULT_SERVER_TIMEOUT_S = 0.25  # the faults case's server_timeout: a sick server costs <= this
+FAMILY_LIMIT = 4  # the family case's semaphore (client.semaphore's default limit)
 
 
 @dataclass(frozen=True)
@@ -686,6 +691,53 @@ _FAULT_CASES = ("healthy", "hung_1", "black_holed_2", "refused_2")
 
 
 # ---------------------------------------------------------------------------------------------
+# family: semaphore, read-write lock against the plain Lock
+# ---------------------------------------------------------------------------------------------
+
+
+def _bench_family(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
+    """Uncontended acquire + release on one server: a Lock, a semaphore permit, a read lease
+    and a write lease, interleaved round by round (as ``single``), each key its own."""
+    from . import Client
+
+    client = Client(url, ttl=LOCK_TTL_S)
+    lock = client.lock(f"{prefix}family:lock")
+    sem = client.semaphore(f"{prefix}family:sem", limit=FAMILY_LIMIT)
+    rw_read = client.rwlock(f"{prefix}family:rw-read")
+    rw_write = client.rwlock(f"{prefix}family:rw-write")
+
+    cases: dict[str, Callable[[], None]] = {
+        "lock": lambda: lock.acquire(wait=0).release(),
+        "semaphore": lambda: sem.acquire(wait=0).release(),
+        "rw_read": lambda: rw_read.acquire_read(wait=0).release(),
+        "rw_write": lambda: rw_write.acquire_write(wait=0).release(),
+    }
+    batches: dict[str, list[Batch]] = {case: [] for case in cases}
+    try:
+        for _ in range(plan.warmup_ops):
+            for op in cases.values():
+                op()
+        order = list(cases)
+        for index in range(plan.rounds):
+            shift = index % len(order)
+            for case in order[shift:] + order[:shift]:
+                batches[case].append(_timed(cases[case], plan.batch_s))
+    finally:
+        client.close()
+    ops = {case: _median([b.ops_per_s for b in batches[case]]) for case in cases}
+    out: dict[str, Any] = {"lock_ops_per_s": ops["lock"], "semaphore_limit": FAMILY_LIMIT}
+    for case in ("semaphore", "rw_read", "rw_write"):
+        lat = [x for b in batches[case] for x in b.latencies]
+        out[f"{case}_ops_per_s"] = ops[case]
+        out[f"{case}_p50_us"] = _pct(lat, 0.50) * 1e6
+        out[f"{case}_ratio_to_lock"] = _ratio(ops[case], ops["lock"])
+    lock_lat = [x for b in batches["lock"] for x in b.latencies]
+    out["lock_p50_us"] = _pct(lock_lat, 0.50) * 1e6
+    out["rounds"] = plan.rounds
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # server memory and leftovers
 # ---------------------------------------------------------------------------------------------
 
@@ -723,7 +775,65 @@ def _memory(url: str, prefix: str) -> dict[str, Any]:
         "bytes_after_release": int(fence_bytes or 0),
         "keys_after_release": [k.rsplit("}", 1)[-1] or "lock" for k in left],
         "garbage_after_release": len(garbage),
+        **_family_memory(url, prefix),
     }
+
+
+def _usage(admin: redis.Redis, keys: Sequence[str]) -> dict[str, int]:
+    """``MEMORY USAGE`` (exact: ``SAMPLES 0``) of each key that exists, by its suffix."""
+    found: dict[str, int] = {}
+    for key in keys:
+        usage = admin.memory_usage(key, samples=0)
+        if usage is not None:
+            found[key.rsplit("}", 1)[-1] or "lock"] = int(usage)
+    return found
+
+
+def _family_memory(url: str, prefix: str) -> dict[str, Any]:
+    """Bytes per held semaphore permit (its slot's keys; a second permit of the same semaphore
+    is the same again, on another slot) and per read lease (the readers zset with one reader,
+    then what a second reader adds), and what their release leaves."""
+    from . import Client
+
+    sem_name, rw_name = f"{prefix}memory:sem", f"{prefix}memory:rw"
+    admin = _admin(url)
+    client = Client(url, ttl=LOCK_TTL_S)
+    sem = client.semaphore(sem_name, limit=FAMILY_LIMIT)
+    rw = client.rwlock(rw_name)
+    slot_names = [k for i in range(FAMILY_LIMIT) for k in _slot_key_names(sem_name, i)]
+    readers = rw_keys(rw_name).readers
+    try:
+        permit = sem.acquire(wait=1.0)
+        permit_keys = _usage(admin, _slot_key_names(sem_name, permit.slot))
+        second = sem.acquire(wait=1.0)
+        both = _usage(admin, slot_names)
+        second.release()
+        permit.release()
+        sem_left = [k for k in slot_names if admin.exists(k)]
+        first_reader = rw.acquire_read(wait=1.0)
+        one_reader = _usage(admin, [readers]).get(":readers", 0)
+        second_reader = rw.acquire_read(wait=1.0)
+        two_readers = _usage(admin, [readers]).get(":readers", 0)
+        second_reader.release()
+        first_reader.release()
+        rw_left = admin.exists(readers)
+    finally:
+        client.close()
+        admin.close()
+    return {
+        "bytes_per_held_permit": sum(permit_keys.values()),
+        "permit_bytes_by_key": permit_keys,
+        "bytes_two_permits": sum(both.values()),
+        "permit_keys_after_release": len(sem_left),
+        "bytes_per_read_lease": one_reader,
+        "bytes_per_extra_read_lease": two_readers - one_reader,
+        "read_keys_after_release": int(rw_left),
+    }
+
+
+def _slot_key_names(name: str, slot: int) -> list[str]:
+    keys = slot_keys(name, slot)
+    return [keys.lock, keys.holder, keys.handoff]
 
 
 def _persistent_garbage(url: str, prefix: str) -> list[str]:
@@ -865,10 +975,31 @@ def _human(result: dict[str, Any]) -> str:
         ):
             p50 = f[f"{case}_p50_us"]
             lines.append(f"{label:<34}{p50:>14,.0f}{_ratio(p50, f['healthy_p50_us']):>14.2f}")
+    fam = result["family"]
+    lines += [
+        "",
+        f"{'one server, uncontended':<34}{'ops/s':>14}{'p50 us':>14}{'x Lock':>9}",
+        "-" * 71,
+        f"{'Lock: acquire+release':<34}{fam['lock_ops_per_s']:>14,.0f}"
+        f"{fam['lock_p50_us']:>14,.0f}{1.0:>9.2f}",
+    ]
+    for label, case in (
+        (f"semaphore (limit {fam['semaphore_limit']}): permit", "semaphore"),
+        ("rwlock: read lease", "rw_read"),
+        ("rwlock: write lease", "rw_write"),
+    ):
+        lines.append(
+            f"{label:<34}{fam[case + '_ops_per_s']:>14,.0f}{fam[case + '_p50_us']:>14,.0f}"
+            f"{fam[case + '_ratio_to_lock']:>9.2f}"
+        )
     by_key = ", ".join(f"{k} {v} B" for k, v in m["bytes_by_key"].items())
+    permit_by_key = ", ".join(f"{k} {v} B" for k, v in m["permit_bytes_by_key"].items())
     lines += [
         "",
         f"server memory per held lock: {m['bytes_per_held_lock']} B ({by_key})",
+        f"per held semaphore permit: {m['bytes_per_held_permit']} B ({permit_by_key}); "
+        f"per read lease: {m['bytes_per_read_lease']} B (the readers zset with one), "
+        f"{m['bytes_per_extra_read_lease']} B each more",
         f"after release: {', '.join(m['keys_after_release']) or 'nothing'} "
         f"({m['bytes_after_release']} B); garbage keys: {m['garbage_after_release']}; "
         f"keys without TTL besides fence registers after all phases: "
@@ -1002,12 +1133,34 @@ def html_report(result: dict[str, Any]) -> str:
         body.append(table(("case", "p50 us", "p99 us", "x healthy"), sick_rows, cls="bench"))
         if "histogram" in f:
             body.append(histogram_svg("sick minority: acquire+release latency", **_hist(f)))
+    fam = result["family"]
+    body.append("<h2>Semaphore and read-write lock against the Lock (one server)</h2>")
+    family_rows = [
+        (label("Lock: acquire+release"), n(fam["lock_ops_per_s"]), n(fam["lock_p50_us"]),
+         ("1.00", "")),
+    ]  # fmt: skip
+    for text, case in (
+        (f"semaphore (limit {fam['semaphore_limit']}): permit", "semaphore"),
+        ("rwlock: read lease", "rw_read"),
+        ("rwlock: write lease", "rw_write"),
+    ):
+        family_rows.append(
+            (
+                label(text),
+                n(fam[f"{case}_ops_per_s"]),
+                n(fam[f"{case}_p50_us"]),
+                n(fam[f"{case}_ratio_to_lock"], ".2f"),
+            )
+        )
+    body.append(table(("case", "ops/s", "p50 us", "x Lock"), family_rows, cls="bench"))
     body.append("<h2>Server memory</h2>")
     body.append(
         table(
             ("figure", "value"),
             [
                 (label("bytes per held lock"), (str(m["bytes_per_held_lock"]), "")),
+                (label("bytes per held semaphore permit"), (str(m["bytes_per_held_permit"]), "")),
+                (label("bytes per read lease (first)"), (str(m["bytes_per_read_lease"]), "")),
                 (
                     label("left after release"),
                     (", ".join(m["keys_after_release"]) or "nothing", ""),
@@ -1073,6 +1226,8 @@ def measure(
         asynch = _bench_async(single_url, prefix, plan)
         _progress(progress, f"{FAULT_SERVERS} embedded servers with a sick minority")
         faults = _bench_faults(prefix, plan)
+        _progress(progress, "semaphore and read-write lock vs the plain Lock")
+        family = _bench_family(single_url, prefix, plan)
         memory = _memory(single_url, prefix)
         garbage = _persistent_garbage(single_url, prefix)
     finally:
@@ -1086,6 +1241,7 @@ def measure(
         "handoff": handoff,
         "async": asynch,
         "faults": faults,
+        "family": family,
         "memory": memory,
         "garbage_keys": garbage,
         "env": env,

@@ -47,6 +47,21 @@ FIELDS = {
         "black_holed_2_p50_us",
         "refused_2_p50_us",
     ),
+    # the family against the plain Lock, same run
+    "family": (
+        "lock_ops_per_s",
+        "lock_p50_us",
+        "semaphore_limit",
+        "semaphore_ops_per_s",
+        "semaphore_p50_us",
+        "semaphore_ratio_to_lock",
+        "rw_read_ops_per_s",
+        "rw_read_p50_us",
+        "rw_read_ratio_to_lock",
+        "rw_write_ops_per_s",
+        "rw_write_p50_us",
+        "rw_write_ratio_to_lock",
+    ),
 }
 
 
@@ -102,6 +117,26 @@ def test_bench_json_has_every_field_as_a_positive_number(
     assert result["memory"]["bytes_per_held_lock"] > 0
     assert result["memory"]["garbage_after_release"] == 0
     assert result["garbage_keys"] == []
+    # the family: ratios are the ops/s over the Lock's of the same run; memory per permit and
+    # per read lease measured, and nothing of theirs left after release
+    family = result["family"]
+    for case in ("semaphore", "rw_read", "rw_write"):
+        assert family[f"{case}_ratio_to_lock"] == pytest.approx(
+            family[f"{case}_ops_per_s"] / family["lock_ops_per_s"]
+        )
+    assert family["semaphore_limit"] == 4
+    memory = result["memory"]
+    for field in ("bytes_per_held_permit", "bytes_two_permits", "bytes_per_read_lease"):
+        assert isinstance(memory[field], int) and memory[field] > 0, (field, memory)
+    assert isinstance(memory["bytes_per_extra_read_lease"], int)
+    assert memory["bytes_per_extra_read_lease"] >= 0
+    assert set(memory["permit_bytes_by_key"]) == {":slot:0", ":slot:0:holder"}
+    assert memory["bytes_per_held_permit"] == sum(memory["permit_bytes_by_key"].values())
+    assert memory["permit_keys_after_release"] == 0
+    assert memory["read_keys_after_release"] == 0
+    for label in ("semaphore (limit 4): permit", "rwlock: read lease", "rwlock: write lease",
+                  "per held semaphore permit", "per read lease"):  # fmt: skip
+        assert label in text, label
 
 
 def test_bench_against_given_servers_leaves_no_keys(

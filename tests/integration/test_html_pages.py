@@ -178,7 +178,9 @@ def test_the_bench_page_renders_its_tables_and_latency_histograms(tmp_path: Path
     data = json.loads(proc.stdout)
     assert data["quick"] is True
     dom = _dom(tmp_path, page)
-    assert dom.count('class="bench"') == 4  # ours vs raw, redlock, hand-off, sick minority
+    # ours vs raw, redlock, hand-off, sick minority, the family against the Lock
+    assert dom.count('class="bench"') == 5
+    assert "rwlock: write lease" in dom and "bytes per held semaphore permit" in dom
     assert dom.count('class="histogram"') == 4
     for name in ("ours", "raw", "5 servers", "1 server", "wait for the lease", "hung_1"):
         assert re.search(rf"<text[^>]*>{re.escape(name)} \(\d+\)</text>", dom), name

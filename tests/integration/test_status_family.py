@@ -202,3 +202,44 @@ def test_status_cli_rejects_a_limit_for_another_kind() -> None:
     result = cli("status", "--key", "k", "--kind", "lock", "--limit", "2",
                  "--server", "redis://127.0.0.1:1/0")  # fmt: skip
     assert result.returncode == 64, result.stderr
+
+
+def test_a_permit_held_on_a_minority_is_shown_as_not_valid(topologies: Any, name: str) -> None:
+    group = topologies.group(3)
+    slot_key = f"fencelock:{{{name}}}:slot:1"  # the key layout DESIGN.md fixes, by hand
+    with group.servers[0].client() as c:
+        c.set(slot_key, "f" * 40, px=60_000)
+        c.set(slot_key + ":holder", '{"host":"h","pid":1}', px=60_000)
+    try:
+        report = admin.status(group.urls, name)
+        assert report["kind"] == "semaphore"
+        (permit,) = report["permits"]
+        assert permit["slot"] == 1 and permit["token_prefix"] == "f" * 8
+        assert permit["servers_held"] == 1 and permit["majority"] is False
+        assert permit["ttl_s"] is None  # not valid on a majority
+        assert permit["holder"] == {"host": "h", "pid": 1}
+        assert [len(row["permits"]) for row in report["servers"]] == [1, 0, 0]
+        assert report["servers"][0]["permits"][0]["ttl_s"] is not None
+        text = cli("status", "--key", name, *server_args(group.urls))
+        assert "on 1/3 servers (not a majority: not valid)" in text.stdout, text.stdout
+    finally:
+        with group.servers[0].client() as c:
+            c.delete(slot_key, slot_key + ":holder")
+
+
+@pytest.mark.parametrize("odd", ["rep*?[x]", "{tag}:slot", "a\\b"])
+def test_a_semaphore_name_with_glob_characters_finds_only_its_own_slots(
+    topologies: Any, odd: str
+) -> None:
+    urls = topologies.urls(1)
+    name = f"{odd}-{uuid.uuid4().hex[:8]}"
+    lookalike = name.replace("*", "X").replace("?", "Y").replace("\\", "Z") + "-other"
+    with Client(urls, ttl=30.0) as client:
+        mine = client.semaphore(name, limit=2).acquire(wait=5)
+        other = client.semaphore(lookalike, limit=2).acquire(wait=5)
+        try:
+            permits = admin.status(urls, name)["permits"]
+            assert [p["token_prefix"] for p in permits] == [mine.token[:8]]
+        finally:
+            mine.release()
+            other.release()
