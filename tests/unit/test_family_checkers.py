@@ -14,6 +14,7 @@ from fencelock.chaos.checkers import (
     check_writer_fences,
     lease_modes,
     lease_windows,
+    reader_fence_duplicates,
 )
 from fencelock.chaos.cli import analyse
 
@@ -150,3 +151,25 @@ def test_a_lock_run_reports_its_primitive_and_keeps_its_double_grants() -> None:
                    end_ns=100 * MS, ttl=1.0, retry_cap=0.5).as_dict()  # fmt: skip
     assert data["primitive"] == "lock" and data["double_grants"] == 1
     assert "permit_overlaps" not in data and "writer_with_reader" not in data
+
+
+def test_readers_sharing_a_fence_are_reported_apart_from_fence_violations() -> None:
+    # two concurrent readers with one merged fence: allowed for readers, reported apart
+    shared = grant(0, 1, 0, 20, 7, "read") + grant(1, 1, 1, 20, 7, "read")
+    assert reader_fence_duplicates(shared) == 1
+    data = analyse(shared, fenced_final=0, canary_final=0, records=[], start_ns=0,
+                   end_ns=100 * MS, ttl=1.0, retry_cap=0.5,
+                   primitive="rwlock").as_dict()  # fmt: skip
+    assert data["reader_fence_duplicates"] == 1 and data["fence_violations"] == 0
+    # a writer sharing a reader's fence is a violation, and so are two permits sharing one
+    mixed = grant(0, 1, 0, 5, 7, "read") + grant(1, 1, 1, 5, 7, "write")
+    assert reader_fence_duplicates(mixed) == 0
+    data = analyse(mixed, fenced_final=0, canary_final=0, records=[], start_ns=0,
+                   end_ns=100 * MS, ttl=1.0, retry_cap=0.5,
+                   primitive="rwlock").as_dict()  # fmt: skip
+    assert data["fence_violations"] == 1
+    permits = grant(0, 1, 0, 20, 7, "permit") + grant(1, 1, 1, 20, 7, "permit")
+    data = analyse(permits, fenced_final=0, canary_final=0, records=[], start_ns=0,
+                   end_ns=100 * MS, ttl=1.0, retry_cap=0.5, primitive="semaphore",
+                   limit=2).as_dict()  # fmt: skip
+    assert data["fence_violations"] == 1 and "reader_fence_duplicates" not in data

@@ -48,6 +48,7 @@ __all__ = [
     "check_writer_fences",
     "lease_modes",
     "lease_windows",
+    "reader_fence_duplicates",
     "stale_accepted_writes",
     "unfenced_overlap_ops",
     "unfenced_overlaps",
@@ -419,6 +420,20 @@ def check_rw_exclusion(
             readers += 1
             most_readers = max(most_readers, sum(1 for a in active if not a[3]))
     return RWResult(readers, writers, with_reader, two, most_readers, tuple(examples))
+
+
+def reader_fence_duplicates(ops: Sequence[Op]) -> int:
+    """Fences granted more than once where every grant holding it was a reader (``info ==
+    "read"``), counted as :func:`check_fences` counts duplicates (n grants of one fence: n-1)."""
+    holders: dict[int, list[str]] = {}
+    for op in ops:
+        if op.kind == "acquire" and op.status == "ok" and op.fence is not None:
+            holders.setdefault(op.fence, []).append(op.info)
+    return sum(
+        len(infos) - 1
+        for infos in holders.values()
+        if len(infos) > 1 and all(info == "read" for info in infos)
+    )
 
 
 @dataclass(frozen=True)

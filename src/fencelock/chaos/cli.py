@@ -32,6 +32,7 @@ from .checkers import (
     check_writer_fences,
     lease_modes,
     lease_windows,
+    reader_fence_duplicates,
     unfenced_overlaps,
 )
 from .nemesis import (
@@ -132,7 +133,12 @@ def analyse(
     writer with a reader or another writer); ``double_grants`` counts the breaches of that
     rule, and the primitive's own figures are added (``permit_overlaps``,
     ``max_concurrent_permits``; ``writer_with_reader``, ``two_writers``, ``max_readers``,
-    ``writer_fence_violations``)."""
+    ``writer_fence_violations``, ``reader_fence_duplicates``).
+
+    ``fence_violations`` counts fences handed out twice and fences out of grant order; for a
+    read-write lock, a fence shared only by readers is not counted there (readers may share
+    one: over N servers two concurrent readers' merged fences can be equal; no writer's can)
+    but in ``reader_fence_duplicates``."""
     fenced = check_fenced_register(ops, fenced_final)
     canary = check_canary(ops, canary_final)
     fences = check_fences(ops)
@@ -148,7 +154,9 @@ def analyse(
             permit_overlaps=permits.over_limit,
             max_concurrent_permits=permits.max_concurrent,
         )
-    elif primitive == "rwlock":
+    reader_dups = 0
+    if primitive == "rwlock":
+        reader_dups = reader_fence_duplicates(ops)
         rw = check_rw_exclusion(windows, lease_modes(ops))
         writer_fences = check_writer_fences(ops)
         double_grants = rw.writer_with_reader + rw.two_writers
@@ -159,6 +167,7 @@ def analyse(
             two_writers=rw.two_writers,
             max_readers=rw.max_readers,
             writer_fence_violations=writer_fences.violations,
+            reader_fence_duplicates=reader_dups,
         )
     acquired = sorted(
         op.done_ns
@@ -188,7 +197,7 @@ def analyse(
         "fenced_final_value": fenced.final,
         "double_grants": double_grants,
         "outlived_leases": overlap.outlived,
-        "fence_violations": fences.duplicates + fences.out_of_order,
+        "fence_violations": fences.duplicates - reader_dups + fences.out_of_order,
         "acquire_attempts": len(attempts),
         "acquire_unavailable": sum(1 for op in attempts if op.info == "unavailable"),
         "availability_during_fault": avail_by_fault,

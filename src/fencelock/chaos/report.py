@@ -152,6 +152,11 @@ def _family_rows(d: dict[str, Any]) -> list[tuple[str, str, str]]:
             ("two writers", str(d.get("two_writers", "-")), ""),
             ("most readers at once", str(d.get("max_readers", "-")), "readers share"),
             (
+                "readers sharing a fence",
+                str(d.get("reader_fence_duplicates", "-")),
+                "allowed (not a fence violation)",
+            ),
+            (
                 "writer fence not above earlier",
                 str(d.get("writer_fence_violations", "-")),
                 "",
