@@ -203,8 +203,12 @@ def status(
     writer-intent keys; a read-write lock held only by its writer, or a semaphore with no
     permit out, then looks like a plain lock, so name the kind to see it as one. ``limit``:
     the semaphore's limit, when known (servers do not store it); slots ``0..limit-1`` are read
-    directly, without a ``SCAN``. Raises :class:`~fencelock.ConfigError` for an unknown kind,
-    a bad limit, or a limit with a kind other than ``"auto"`` / ``"semaphore"``.
+    directly, without a ``SCAN``. Reading a semaphore's or read-write lock's keys needs
+    ``SCAN`` (unless ``limit`` is given), ``ZRANGE`` and ``TIME``; where the server refuses
+    them (a least-privilege ACL user has no ``SCAN``), ``"auto"`` reports the key as a lock,
+    and a named kind says why in the row's ``error``. Raises :class:`~fencelock.ConfigError`
+    for an unknown kind, a bad limit, or a limit with a kind other than ``"auto"`` /
+    ``"semaphore"``.
     """
     urls, name, timeout = _check(servers, key, timeout)
     if kind not in KINDS:
@@ -217,7 +221,11 @@ def status(
     keys = lock_keys(name)
     family = kind != "lock"
     family_name = name if family else None
-    rows = _each(urls, lambda url: _probe(url, keys, timeout, family=family_name, limit=limit))
+    strict = kind != "auto"
+    rows = _each(
+        urls,
+        lambda url: _probe(url, keys, timeout, family=family_name, limit=limit, strict=strict),
+    )
     fences = [row["fence"] for row in rows if row["fence"] is not None]
     report: Status = {
         "key": name,
@@ -470,10 +478,12 @@ def _probe(
     *,
     family: str | None = None,
     limit: int | None = None,
+    strict: bool = False,
 ) -> ServerStatus:
     """One server's view of the lock (plain reads with a short timeout; never raises); with
     ``family`` (the key's name), also of the semaphore's slots and the read-write lock's
-    readers."""
+    readers. Where those cannot be read (e.g. an ACL user without ``SCAN``) the row has no
+    lists; ``strict`` (the kind was named) also says why in ``error``."""
     client = _client(url, timeout)
     row: ServerStatus = {
         "server": _name(client),
@@ -491,8 +501,14 @@ def _probe(
         pipe.get(keys.holder)
         pipe.get(keys.fence)
         token, pttl, holder, fence = pipe.execute()
+        family_error = None
         if family is not None:
-            _family_probe(client, row, family, limit)
+            try:
+                _family_probe(client, row, family, limit)
+            except Exception as exc:  # the lock's own fields above still stand
+                family_error = _error(exc).removeprefix("error: ")
+                for part in ("permits", "readers", "writer_waiting"):
+                    row.pop(part, None)  # type: ignore[misc]
     except Exception as exc:
         row["error"] = _error(exc).removeprefix("error: ")
         return row
@@ -517,6 +533,8 @@ def _probe(
             row["fence"] = int(fence_text)
         except ValueError:
             row["error"] = f"fence register is not an integer: {fence_text[:40]!r}"
+    if family_error is not None and strict and row["error"] is None:
+        row["error"] = f"could not read the permits / readers: {family_error}"
     return row
 
 

@@ -243,3 +243,31 @@ def test_a_semaphore_name_with_glob_characters_finds_only_its_own_slots(
         finally:
             mine.release()
             other.release()
+
+
+def test_status_as_the_least_privilege_acl_user_keeps_a_locks_report(
+    fencelock_server: Any, name: str
+) -> None:
+    from fencelock.doctor import ACL_SETUSER
+
+    rules = ["on" if w == "on" else (">pw" if w.startswith(">") else w)
+             for w in ACL_SETUSER.split()[3:]]  # fmt: skip
+    with fencelock_server.client() as c:
+        c.execute_command("ACL", "SETUSER", "locker", "reset", *rules)
+    url = f"redis://locker:pw@{fencelock_server.host}:{fencelock_server.port}/0"
+    with Client(url, ttl=30.0) as client:
+        with client.lock(name).hold(wait=5) as lease:
+            # that user may not SCAN: auto still gives the lock's own report, unchanged
+            report = admin.status(url, name)
+            assert set(report) == PLAIN_FIELDS
+            (row,) = report["servers"]
+            assert row["error"] is None and row["token_prefix"] == lease.token[:8]
+            # a named kind says why its keys could not be read, beside the lock's fields
+            (row,) = admin.status(url, name, kind="semaphore")["servers"]
+            assert row["error"] is not None and "permits / readers" in row["error"]
+            assert "scan" in row["error"].lower()
+            assert row["token_prefix"] == lease.token[:8]
+        sem = client.semaphore(name + "-sem", limit=2)
+        with sem.hold(wait=5) as permit:  # with --limit no SCAN is needed
+            (seen,) = admin.status(url, name + "-sem", limit=2)["permits"]
+            assert seen["token_prefix"] == permit.token[:8]
