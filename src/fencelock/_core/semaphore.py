@@ -22,18 +22,20 @@ which permits exist: two majorities can each count a different set of holders.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
-from .acquire import Attempt, AttemptFn, Grant, clean_up, commit_fence, grant_replies
+from .acquire import Attempt, AttemptFn, Grant, clean_up, grant_replies
 from .effects import IDENTITIES, NOW, Broadcast, Flow, Identify
 from .fencing import needs_commit
 from .keys import LockKeys, lock_keys, slot_keys
 from .plan import LockPlan, Wiring, lock_wiring
 from .quorum import Outcome, Tally
 from .release import release_round
-from .replies import AcquireReply, classify_slot_acquire
-from .rounds import Status, decide_acquire
+from .replies import AcquireReply, ProtocolError, classify_slot_acquire
+from .rounds import AcquireDecision, Status, decide_acquire
+from .timing import validity_ms
 from .verdicts import independence_problem
 
 #: The most slots a semaphore may have (every attempt sends three keys per slot).
@@ -86,7 +88,104 @@ def make_semaphore_plan(base: LockPlan, limit: int) -> SemaphorePlan:
 
 
 def _slot_plan(base: LockPlan, keys: LockKeys) -> LockPlan:
-    return base.rewired(keys, lock_wiring(keys))
+    wiring = lock_wiring(keys)
+    return base.rewired(keys, replace(wiring, commit="sem_fence_commit"))
+
+
+#: How often a permit's fence commit is repeated with a higher fence when another permit,
+#: granted at the same time, committed the same fence first (one round trip each).
+COMMIT_RETRIES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class CommitReply:
+    """A server's answer to ``sem_fence_commit``: its fence register before our commit."""
+
+    previous: int
+
+
+def classify_permit_commit(result: object) -> tuple[Outcome, object]:
+    """GRANTED (the slot is ours; detail: :class:`CommitReply`), HELD (not ours) or ERROR."""
+    if isinstance(result, BaseException):
+        return Outcome.ERROR, result
+    if isinstance(result, list | tuple) and result and result[0] in (0, 1):
+        if result[0] == 0 and len(result) == 1:
+            return Outcome.HELD, result
+        if result[0] == 1 and len(result) == 2:
+            raw = result[1]
+            text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+            if isinstance(text, str) and text.isdigit():
+                return Outcome.GRANTED, CommitReply(int(text))
+    return Outcome.ERROR, ProtocolError(f"sem_fence_commit: unexpected reply {result!r}")
+
+
+def commit_ok(tally: Tally, fence: int, own: Mapping[int, int]) -> list[int]:
+    """The servers where our commit of ``fence`` counts: the slot was ours, and the register
+    stood below ``fence`` before, or at ``fence`` because our own grant there bumped it to
+    exactly that. A register already at or above ``fence`` for any other reason means another
+    permit, granted at the same time on other servers, may have committed the same fence:
+    two majorities share a server, so at most one of two such commits counts there."""
+    ok = []
+    for index, (outcome, detail) in sorted(tally.votes.items()):
+        if outcome is not Outcome.GRANTED or not isinstance(detail, CommitReply):
+            continue
+        if detail.previous < fence or (detail.previous == fence and own.get(index) == fence):
+            ok.append(index)
+    return ok
+
+
+def commit_permit_fence(
+    plan: LockPlan, token: str, decision: AcquireDecision, view: Tally, start: float
+) -> Flow[AcquireDecision]:
+    """Round 2 of an N-server permit: commit the merged fence on the granting servers, where
+    it must count on a majority (see :func:`commit_ok`); when another permit got there first
+    with the same fence, commit again above every register seen (at most COMMIT_RETRIES
+    times, within the permit's validity)."""
+    granted = tuple(view.granted_indexes())
+    own = {
+        index: detail.fence
+        for index, (outcome, detail) in view.votes.items()
+        if outcome is Outcome.GRANTED and isinstance(detail, AcquireReply)
+    }
+    fence = decision.fence
+    drift = plan.drift_ms(plan.ttl_ms)
+    for _ in range(COMMIT_RETRIES + 1):
+        tally = Tally(plan.n)
+        for index in plan.everyone:
+            if index not in granted:
+                tally.record(index, Outcome.HELD)
+
+        def enough(t: Tally, fence: int = fence, own: Mapping[int, int] = own) -> bool:
+            ok = len(commit_ok(t, fence, own))
+            return ok >= t.needed or ok + t.pending < t.needed
+
+        yield Broadcast(
+            plan.wiring.commit,
+            granted,
+            plan.commit_keys,
+            (token, str(fence)),
+            classify_permit_commit,
+            enough,
+            plan.budget_s,
+            tally,
+        )
+        now: float = yield NOW
+        validity = validity_ms(plan.ttl_ms, (now - start) * 1000.0, drift)
+        ok = commit_ok(tally, fence, own)
+        if len(ok) >= tally.needed:
+            if validity <= 0:
+                return AcquireDecision(Status.TOO_SLOW)
+            return replace(decision, fence=fence, validity_ms=validity)
+        seen = [
+            detail.previous
+            for outcome, detail in tally.votes.values()
+            if outcome is Outcome.GRANTED and isinstance(detail, CommitReply)
+        ]
+        if validity <= 0 or len(seen) == len(ok):
+            break  # too slow, or short of a majority for another reason than a shared fence
+        fence = max(seen) + 1
+        own = {}  # above every register seen: a register at it now was set by someone else
+    return AcquireDecision(Status.UNAVAILABLE)
 
 
 def slot_counts(tally: Tally) -> Counter[int]:
@@ -168,7 +267,7 @@ def attempt_permit(
         if problem is not None:
             raise problem
         if decision.status is Status.GRANTED and slot is not None and needs_commit(plan.n):
-            decision = yield from commit_fence(sem.slots[slot], token, decision, view, start)
+            decision = yield from commit_permit_fence(sem.slots[slot], token, decision, view, start)
     except GeneratorExit:
         raise
     except BaseException:

@@ -33,6 +33,7 @@ ELECT_ANNOUNCE = _load("elect_announce", 3)
 ELECT_READ = _load("elect_read", 3)
 SEM_ACQUIRE = _load("sem_acquire", 2, variadic=True)
 SEM_SWEEP = _load("sem_sweep", 2, variadic=True)
+SEM_FENCE_COMMIT = _load("sem_fence_commit", 2)
 RW_READ_ACQUIRE = _load("rw_read_acquire", 6)
 RW_READ_COMMIT = _load("rw_read_commit", 2)
 RW_READ_EXTEND = _load("rw_read_extend", 1)
@@ -52,6 +53,7 @@ ALL = (
     ELECT_READ,
     SEM_ACQUIRE,
     SEM_SWEEP,
+    SEM_FENCE_COMMIT,
     RW_READ_ACQUIRE,
     RW_READ_COMMIT,
     RW_READ_EXTEND,
