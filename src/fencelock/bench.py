@@ -66,6 +66,9 @@ ASYNC_TASKS = 50
 FAULT_SERVERS = 5
 FAULT_SERVER_TIMEOUT_S = 0.25  # the faults case's server_timeout: a sick server costs <= this
 FAMILY_LIMIT = 4  # the family case's semaphore (client.semaphore's default limit)
+#: The family case's members, each against the plain Lock (``multilock_2``: two keys, the
+#: cycle releases both leases).
+FAMILY_CASES = ("semaphore", "rw_read", "rw_write", "fair", "reentrant", "multilock_2")
 
 
 @dataclass(frozen=True)
@@ -705,12 +708,22 @@ def _bench_family(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
     sem = client.semaphore(f"{prefix}family:sem", limit=FAMILY_LIMIT)
     rw_read = client.rwlock(f"{prefix}family:rw-read")
     rw_write = client.rwlock(f"{prefix}family:rw-write")
+    fair = client.lock(f"{prefix}family:fair", fair=True)
+    reentrant = client.lock(f"{prefix}family:reentrant", reentrant=True)
+    multi = client.multilock([f"{prefix}family:multi-a", f"{prefix}family:multi-b"])
+
+    def multi_cycle() -> None:
+        for lease in multi.acquire(wait=0):
+            lease.release()
 
     cases: dict[str, Callable[[], None]] = {
         "lock": lambda: lock.acquire(wait=0).release(),
         "semaphore": lambda: sem.acquire(wait=0).release(),
         "rw_read": lambda: rw_read.acquire_read(wait=0).release(),
         "rw_write": lambda: rw_write.acquire_write(wait=0).release(),
+        "fair": lambda: fair.acquire(wait=0).release(),
+        "reentrant": lambda: reentrant.acquire(wait=0).release(),
+        "multilock_2": multi_cycle,
     }
     batches: dict[str, list[Batch]] = {case: [] for case in cases}
     try:
@@ -726,7 +739,7 @@ def _bench_family(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
         client.close()
     ops = {case: _median([b.ops_per_s for b in batches[case]]) for case in cases}
     out: dict[str, Any] = {"lock_ops_per_s": ops["lock"], "semaphore_limit": FAMILY_LIMIT}
-    for case in ("semaphore", "rw_read", "rw_write"):
+    for case in FAMILY_CASES:
         lat = [x for b in batches[case] for x in b.latencies]
         out[f"{case}_ops_per_s"] = ops[case]
         out[f"{case}_p50_us"] = _pct(lat, 0.50) * 1e6
@@ -987,6 +1000,9 @@ def _human(result: dict[str, Any]) -> str:
         (f"semaphore (limit {fam['semaphore_limit']}): permit", "semaphore"),
         ("rwlock: read lease", "rw_read"),
         ("rwlock: write lease", "rw_write"),
+        ("fair lock", "fair"),
+        ("reentrant lock (depth 1)", "reentrant"),
+        ("multilock, 2 keys", "multilock_2"),
     ):
         lines.append(
             f"{label:<34}{fam[case + '_ops_per_s']:>14,.0f}{fam[case + '_p50_us']:>14,.0f}"
@@ -1134,7 +1150,7 @@ def html_report(result: dict[str, Any]) -> str:
         if "histogram" in f:
             body.append(histogram_svg("sick minority: acquire+release latency", **_hist(f)))
     fam = result["family"]
-    body.append("<h2>Semaphore and read-write lock against the Lock (one server)</h2>")
+    body.append("<h2>The family against the Lock (one server)</h2>")
     family_rows = [
         (label("Lock: acquire+release"), n(fam["lock_ops_per_s"]), n(fam["lock_p50_us"]),
          ("1.00", "")),
@@ -1143,6 +1159,9 @@ def html_report(result: dict[str, Any]) -> str:
         (f"semaphore (limit {fam['semaphore_limit']}): permit", "semaphore"),
         ("rwlock: read lease", "rw_read"),
         ("rwlock: write lease", "rw_write"),
+        ("fair lock", "fair"),
+        ("reentrant lock (depth 1)", "reentrant"),
+        ("multilock, 2 keys", "multilock_2"),
     ):
         family_rows.append(
             (

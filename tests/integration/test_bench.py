@@ -61,6 +61,9 @@ FIELDS = {
         "rw_write_ops_per_s",
         "rw_write_p50_us",
         "rw_write_ratio_to_lock",
+        "fair_ratio_to_lock",
+        "reentrant_ratio_to_lock",
+        "multilock_2_ratio_to_lock",
     ),
 }
 
@@ -120,7 +123,7 @@ def test_bench_json_has_every_field_as_a_positive_number(
     # the family: ratios are the ops/s over the Lock's of the same run; memory per permit and
     # per read lease measured, and nothing of theirs left after release
     family = result["family"]
-    for case in ("semaphore", "rw_read", "rw_write"):
+    for case in ("semaphore", "rw_read", "rw_write", "fair", "reentrant", "multilock_2"):
         assert family[f"{case}_ratio_to_lock"] == pytest.approx(
             family[f"{case}_ops_per_s"] / family["lock_ops_per_s"]
         )
