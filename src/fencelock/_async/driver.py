@@ -22,7 +22,7 @@ from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import CALLS, PING, Calls, full_call, is_noscript
+from .._engine.wire import CALLS, PING, Calls, answer, full_call, is_noscript, wait_tail
 from .._sync.background import background
 from .connection import AsyncConnection
 
@@ -139,8 +139,10 @@ class _Round:
             script, payload = None, PING
         else:
             script, payload = self.encoder.encode(server, effect.script, effect.keys, effect.args)
+        tail, n = (b"", 1) if script is None else wait_tail(effect.wait)
+        payload += tail
         try:
-            replies = await call.conn.request(payload, 1)
+            replies = await call.conn.request(payload, n)
         except ConnectionError as exc:
             # a reused connection may have been closed by a restarted server meanwhile
             if call.conn.fresh or isinstance(exc, HandshakeError):
@@ -148,16 +150,18 @@ class _Round:
             call.conn.close()
             server.connection_failed()  # a restarted server: learn its new identity
             call.conn = shared(server, asyncio.get_running_loop())
-            replies = await call.conn.request(payload, 1)
+            replies = await call.conn.request(payload, n)
         if script is not None and is_noscript(replies[0]):
             server.loaded.discard(script.sha)
             if self.collecting or effect.land:
-                replies = await call.conn.request(full_call(script, effect.keys, effect.args), 1)
+                replies = await call.conn.request(
+                    full_call(script, effect.keys, effect.args) + tail, n
+                )
         if script is not None and not is_noscript(replies[0]):
             server.loaded.add(script.sha)
         server.learned(call.conn.identity)
         server.answered()
-        return replies[0]
+        return answer(replies)
 
 
 class AsyncDriver:

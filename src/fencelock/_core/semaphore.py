@@ -32,7 +32,7 @@ from .keys import LockKeys, lock_keys, slot_keys
 from .plan import LockPlan, Wiring, lock_wiring
 from .quorum import Outcome, Tally
 from .release import release_round
-from .replies import AcquireReply, classify_slot_acquire
+from .replies import AcquireReply, classify_slot_acquire, with_wait
 from .rounds import Status, decide_acquire
 from .verdicts import independence_problem
 
@@ -149,10 +149,11 @@ def attempt_permit(
             plan.everyone,
             sem.acquire_keys,
             args,
-            classify_slot_acquire,
+            with_wait(plan, classify_slot_acquire),
             slot_settled,
             plan.budget_s,
             tally,
+            wait=plan.wait,
         )
         now: float = yield NOW
         slot = best_slot(tally)

@@ -37,7 +37,7 @@ from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import CALLS, PING, full_call, is_noscript
+from .._engine.wire import CALLS, PING, answer, full_call, is_noscript, wait_tail
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -65,16 +65,25 @@ def take(server: Server) -> Connection:
 
 
 class _Call:
-    __slots__ = ("conn", "index", "payload", "retried", "script", "server")
+    __slots__ = ("conn", "index", "payload", "replies", "retried", "script", "server", "tail")
 
     def __init__(
-        self, index: int, server: Server, conn: Connection, script: Script | None, payload: bytes
+        self,
+        index: int,
+        server: Server,
+        conn: Connection,
+        script: Script | None,
+        payload: bytes,
+        tail: bytes = b"",
+        replies: int = 1,
     ) -> None:
         self.index = index
         self.server = server
         self.conn = conn
         self.script = script  # None for a bare handshake (Identify)
-        self.payload = payload
+        self.tail = tail  # sent after the script call (a WAIT), in the same pipeline
+        self.payload = payload + tail
+        self.replies = replies
         # a connection used before may have been closed by a restarted server meanwhile:
         # such a call is tried once more on a new connection
         self.retried = conn.fresh
@@ -209,6 +218,7 @@ class Driver:
     def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
+        tail, replies = wait_tail(effect.wait)
         try:
             skip = skip_suspects(tally, effect.targets, self._suspects())
             for index in effect.targets:
@@ -220,7 +230,8 @@ class Driver:
                 script, payload = self._calls.encode(
                     server, effect.script, effect.keys, effect.args
                 )
-                self._start(round_, _Call(index, server, take(server), script, payload))
+                call = _Call(index, server, take(server), script, payload, tail, replies)
+                self._start(round_, call)
             self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
@@ -247,7 +258,7 @@ class Driver:
         """Send ``call`` (connecting if need be) and watch its connection."""
         conn = call.conn
         try:
-            conn.start(call.payload, 1)
+            conn.start(call.payload, call.replies)
             fd = conn.fileno()
             _selector().register(fd, conn.events())
         except Exception as exc:
@@ -318,8 +329,8 @@ class Driver:
         if script is not None and is_noscript(reply):
             # flushed or restarted: run it in full on the same connection
             server.loaded.discard(script.sha)
-            call.payload = full_call(script, effect.keys, effect.args)
-            conn.start(call.payload, 1)
+            call.payload = full_call(script, effect.keys, effect.args) + call.tail
+            conn.start(call.payload, call.replies)
             selector.modify(fd, conn.events())
             return
         if script is not None:
@@ -329,7 +340,7 @@ class Driver:
         del round_.calls[fd]
         selector.unregister(fd)
         server.idle.append(conn)
-        effect.tally.record(call.index, *effect.classify(reply))
+        effect.tally.record(call.index, *effect.classify(answer(replies)))
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
