@@ -1130,8 +1130,8 @@ class ReplicaSet:
         conn = self.sentinels[0].client(socket_timeout=0.5, socket_connect_timeout=0.5)
         try:
             _sentinel_command(conn, "FAILOVER", self.service)
-        except redis.ResponseError as exc:  # INPROG / NOGOODSLAVE while replicas sync
-            return "INPROG" in str(exc)
+        except redis.ResponseError:  # INPROG (the last one is finishing), NOGOODSLAVE
+            return False
         finally:
             conn.close()
         return True

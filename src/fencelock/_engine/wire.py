@@ -56,6 +56,11 @@ def _numkeys(script: Script, keys: tuple[str, ...]) -> int:
     return len(keys) if script.variadic else script.numkeys
 
 
+def is_readonly(reply: object) -> bool:
+    """A write refused by a replica: a Sentinel-managed master was demoted under us."""
+    return isinstance(reply, ReplyError) and reply.kind == "READONLY"
+
+
 def is_noscript(reply: object) -> bool:
     return isinstance(reply, ReplyError) and reply.kind == "NOSCRIPT"
 

@@ -37,7 +37,7 @@ from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import CALLS, PING, answer, full_call, is_noscript, wait_tail
+from .._engine.wire import CALLS, PING, answer, full_call, is_noscript, is_readonly, wait_tail
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -50,18 +50,26 @@ STALE_CHECK_AFTER_S = 0.05
 
 
 def take(server: Server) -> Connection:
-    """An idle connection to ``server`` that the server has not closed, or a new one."""
+    """An idle connection to ``server`` that the server has not closed, or a new one.
+
+    Raises:
+        NoMaster: (a ConnectionError) no sentinel named a Sentinel-managed master.
+    """
+    address = server.address
     idle = server.idle
     while idle:
         try:
             conn: Connection = idle.pop()
         except IndexError:
             break
+        if conn.address != address:  # to a node that no longer leads
+            conn.close()
+            continue
         if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
             return conn
         conn.close()
         server.connection_failed()  # closed by the server: it may have restarted, so ask
-    return Connection(server.address, identify=server.recheck)
+    return Connection(address, identify=server.recheck)
 
 
 class _Call:
@@ -230,8 +238,13 @@ class Driver:
                 script, payload = self._calls.encode(
                     server, effect.script, effect.keys, effect.args
                 )
-                call = _Call(index, server, take(server), script, payload, tail, replies)
-                self._start(round_, call)
+                try:
+                    conn = take(server)
+                except ConnectionError as exc:  # no sentinel named the master
+                    self._failed(server, exc)
+                    tally.record(index, *effect.classify(exc))
+                    continue
+                self._start(round_, _Call(index, server, conn, script, payload, tail, replies))
             self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
@@ -249,7 +262,13 @@ class Driver:
         try:
             for index in targets:
                 server = self.servers[index]
-                self._start(round_, _Call(index, server, take(server), None, PING))
+                try:
+                    conn = take(server)
+                except ConnectionError as exc:  # no sentinel named the master
+                    self._failed(server, exc)
+                    tally.record(index, *classify_handshake(exc))
+                    continue
+                self._start(round_, _Call(index, server, conn, None, PING))
             self._collect(round_, settle=True)
         finally:
             self._park(round_)
@@ -263,16 +282,24 @@ class Driver:
             _selector().register(fd, conn.events())
         except Exception as exc:
             conn.close()
-            if retry_on_new_connection(call, exc):
-                call.retried = True
-                call.server.connection_failed()  # a restarted server: learn its new identity
-                call.conn = Connection(call.server.address, identify=call.server.recheck)
+            if retry_on_new_connection(call, exc) and self._reconnect(call):
                 self._start(round_, call)
                 return
             self._failed(call.server, exc)
             round_.effect.tally.record(call.index, *round_.effect.classify(exc))
             return
         round_.calls[fd] = call
+
+    def _reconnect(self, call: _Call) -> bool:
+        """Give ``call`` a new connection (its reused one was dead); False when there is no
+        address to connect to (no sentinel named the master)."""
+        call.retried = True
+        call.server.connection_failed()  # a restarted server: learn its new identity
+        try:
+            call.conn = Connection(call.server.address, identify=call.server.recheck)
+        except ConnectionError:
+            return False
+        return True
 
     def _collect(self, round_: _Round, *, settle: bool) -> None:
         """Read replies until the round may stop (``settle``: until every call answered) or
@@ -310,10 +337,11 @@ class Driver:
             del round_.calls[fd]
             selector.unregister(fd)
             conn.close()
-            if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
-                call.retried = True
-                call.server.connection_failed()  # a restarted server: learn its new identity
-                call.conn = Connection(call.server.address, identify=call.server.recheck)
+            if (
+                retry_on_new_connection(call, exc)
+                and time.monotonic() < round_.deadline
+                and self._reconnect(call)
+            ):
                 self._start(round_, call)
                 return
             self._failed(call.server, exc)
@@ -335,6 +363,8 @@ class Driver:
             return
         if script is not None:
             server.loaded.add(script.sha)
+        if is_readonly(reply):
+            server.moved()
         server.learned(conn.identity)
         server.answered()
         del round_.calls[fd]
@@ -379,7 +409,11 @@ class Driver:
             time.sleep(delay)
             return False
         server = self.servers[effect.wake[0]]
-        conn = take(server)
+        try:
+            conn = take(server)
+        except ConnectionError:  # no sentinel named the master: sleep instead
+            time.sleep(delay)
+            return False
         started = time.monotonic()
         try:
             replies = conn.call(
