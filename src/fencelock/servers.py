@@ -838,9 +838,10 @@ def delayed_proxy(server: Server, delay: float) -> Proxy:
 # replicated topologies: a primary with replicas, and Sentinels watching it
 # --------------------------------------------------------------------------------------------
 
-#: How long a sentinel waits (ms) before it calls a silent primary down, in the topologies here
-#: (short, so that a test's failover takes about a second).
-SENTINEL_DOWN_AFTER_MS = 500
+#: How long a sentinel waits (ms) before it calls a silent primary down, in the topologies here:
+#: short, so that a test's failover takes a second or two, but not so short that a loaded
+#: machine's scheduling makes the sentinels fail a healthy primary over.
+SENTINEL_DOWN_AFTER_MS = 1000
 #: A sentinel's failover timeout (ms) in the topologies here.
 SENTINEL_FAILOVER_TIMEOUT_MS = 2000
 _SENTINEL_CONF = "sentinel.conf"
@@ -1155,6 +1156,51 @@ class ReplicaSet:
             if time.monotonic() >= deadline:
                 raise ServerError(f"the primary is still {old.port} after {timeout} s")
             time.sleep(0.05)
+
+    def rejoin(self, node: Server, timeout: float = 15.0) -> None:
+        """Start ``node`` again (after :meth:`Server.kill`), empty, as a replica of the
+        current primary, and wait until it is linked.
+
+        Raises:
+            ServerError: no primary, or the node did not link within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        primary = self.primary(timeout)
+        node._extra_args = ("--replicaof", primary.host, str(primary.port))
+        node.restart(wipe=True, timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            self.wait_whole(max(0.1, deadline - time.monotonic()))
+        except ServerError as exc:
+            raise ServerError(f"{exc}; log tail:\n{node._log_tail()}") from None
+
+    def wait_whole(self, timeout: float = 15.0) -> Server:
+        """Wait until there is one primary (the sentinels agreeing, if any) and every other
+        running node is its replica with ``master_link_status:up``; return the primary.
+        (The sentinels may still move the primary meanwhile: this waits for the result.)
+
+        Raises:
+            ServerError: not so within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        found: list[Server] = []
+
+        def whole() -> bool:
+            found.clear()
+            primary = self.primary(max(0.1, min(2.0, deadline - time.monotonic())))
+            for node in self.nodes:
+                if node is primary or not node.is_running:
+                    continue
+                info = _info(node, "replication")
+                if (
+                    info.get("master_link_status") != "up"
+                    or int(info.get("master_port", -1)) != primary.port
+                ):
+                    return False
+            found.append(primary)
+            return True
+
+        _wait_for("every node linked to one primary", whole, deadline)
+        return found[0]
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every sentinel and node (by PID), even if some fail.
