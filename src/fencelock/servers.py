@@ -935,6 +935,21 @@ class Sentinel(Server):
         host, port = reply
         return _text(host), int(port)
 
+    def master_state(self) -> dict[str, str]:
+        """``SENTINEL master <service>``: this sentinel's view of the primary (field names
+        as the sentinel gives them: ``flags``, ``num-slaves``, ``num-other-sentinels``...)."""
+        conn = self.client(socket_timeout=0.5, socket_connect_timeout=0.5)
+        try:
+            state = _sentinel_command(conn, "master", self.service)
+        finally:
+            conn.close()
+        pairs = (
+            state.items()
+            if isinstance(state, dict)  # RESP3 map, else name, value, name, value...
+            else zip(state[::2], state[1::2], strict=False)
+        )
+        return {_text(k): _text(v) for k, v in pairs}
+
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.is_running else "stopped"
         return f"<Sentinel {self._host}:{self._port} {self.service} {state}>"
@@ -943,6 +958,11 @@ class Sentinel(Server):
 def _sentinel_command(conn: redis.Redis, *args: str) -> Any:
     execute: Callable[..., Any] = conn.execute_command  # untyped in redis-py
     return execute("SENTINEL", *args)
+
+
+def _unsettled(flags: str) -> bool:
+    """A sentinel's flags for the primary say it is down or being failed over."""
+    return any(word in flags for word in ("failover", "s_down", "o_down"))
 
 
 def _text(value: object) -> str:
@@ -1062,17 +1082,7 @@ class ReplicaSet:
 
     def _wait_sentinel(self, sentinel: Sentinel, deadline: float) -> None:
         def ready() -> bool:
-            conn = sentinel.client(socket_timeout=0.5, socket_connect_timeout=0.5)
-            try:
-                state = _sentinel_command(conn, "master", self.service)
-            finally:
-                conn.close()
-            pairs = (
-                state.items()
-                if isinstance(state, dict)  # RESP3 map, else name, value, name, value...
-                else zip(state[::2], state[1::2], strict=False)
-            )
-            fields = {_text(k): _text(v) for k, v in pairs}
+            fields = sentinel.master_state()
             slaves = int(fields.get("num-slaves", 0))
             others = int(fields.get("num-other-sentinels", 0))
             return slaves >= self._n_replicas and others >= self._n_sentinels - 1
@@ -1096,9 +1106,12 @@ class ReplicaSet:
                 if n.is_running and _info(n, "replication")["role"] == "master"
             ]
             if self.sentinels:
-                named = {s.primary_address() for s in self.sentinels if s.is_running}
+                running = [s for s in self.sentinels if s.is_running]
+                named = {s.primary_address() for s in running}
                 if len(named) != 1:
                     return False
+                if any(_unsettled(s.master_state().get("flags", "")) for s in running):
+                    return False  # still switching: the sentinels may yet pick another node
                 address = named.pop()
                 masters = [n for n in masters if (n.host, n.port) == address]
             if len(masters) != 1:

@@ -142,3 +142,18 @@ def test_asyncio_replicas_1_grants_and_a_paused_replica_is_unavailable(
 
     asyncio.run(asyncio.wait_for(main(), 60))
     assert not _lock_key_on(healthy, key)
+
+
+def test_a_semaphore_and_an_rwlock_of_a_replicas_client_wait_for_the_replica_too(
+    healthy: ReplicaSet, key: str
+) -> None:
+    with fencelock.Client(healthy.first_primary.url, ttl=10, replicas=1) as client:
+        sem = client.semaphore(f"{key}:sem", limit=2)
+        rw = client.rwlock(f"{key}:rw")
+        sem.acquire(wait=BOUND_S).release()
+        rw.acquire_write(wait=BOUND_S).release()
+        healthy.replicas[0].pause()
+        with pytest.raises(fencelock.Unavailable, match="replica"):
+            sem.acquire(wait=0)
+        with pytest.raises(fencelock.Unavailable, match="replica"):
+            rw.acquire_write(wait=0)
