@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import fencelock
 from fencelock.fence import RedisFence
-from fencelock.servers import ReplicaSet, Server
+from fencelock.servers import ReplicaSet, Server, ServerError
 
 #: A's and B's lease (s): long enough that A is still valid when B is asked.
 TTL_S = 30.0
@@ -71,7 +71,7 @@ def acquire_unless_held(lock: fencelock.Lock) -> fencelock.Lease | None:
 
 
 def trial(topology: ReplicaSet, store: RedisFence, replicas: int, stalled: bool) -> Trial:
-    """One kill-the-primary-after-the-grant trial; leaves ``topology`` whole again."""
+    """One kill-the-primary-after-the-grant trial (the killed node stays down: see Rig.heal)."""
     key = f"failover:{uuid.uuid4().hex[:12]}"
     url = topology.sentinel_url
     old = topology.wait_whole(30.0)
@@ -105,34 +105,69 @@ def trial(topology: ReplicaSet, store: RedisFence, replicas: int, stalled: bool)
         if lease is not None:
             with contextlib.suppress(fencelock.FencelockError):
                 lease.release()
-    topology.rejoin(old, 30.0)
     return Trial(lease_a is not None, lease_b is not None, double, refused)
 
 
-def run(
-    trials: int, replicas: int, stalled: bool, topology: ReplicaSet, store: RedisFence
-) -> list[Trial]:
-    return [trial(topology, store, replicas, stalled) for _ in range(trials)]
+class Rig:
+    """The topology the trials run on, and the fence store (a separate server)."""
+
+    def __init__(self, binary: str | None = None) -> None:
+        self.binary = binary
+        self.fence_server = Server(binary).start()
+        self.store = RedisFence(self.fence_server.url)
+        self.topology = self._fresh()
+        self.rebuilt = 0
+
+    def _fresh(self) -> ReplicaSet:
+        return ReplicaSet(2, sentinels=3, binary=self.binary).start(timeout=30.0)
+
+    def heal(self) -> None:
+        """Bring the killed node back as a replica; when the sentinels are still moving the
+        primary around (they sometimes fail over twice), start a fresh topology instead."""
+        topology = self.topology
+        dead = [node for node in topology.nodes if not node.is_running]
+        try:
+            for node in dead:
+                topology.rejoin(node, 30.0)
+        except ServerError:
+            topology.stop()
+            self.topology = self._fresh()
+            self.rebuilt += 1
+
+    def close(self) -> None:
+        self.store.close()
+        self.topology.stop()
+        self.fence_server.stop()
+
+
+def run(trials: int, replicas: int, stalled: bool, rig: Rig) -> list[Trial]:
+    results = []
+    for _ in range(trials):
+        results.append(trial(rig.topology, rig.store, replicas, stalled))
+        rig.heal()
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--kill", choices=("stalled", "natural", "both"), default="both")
+    parser.add_argument("--replicas", choices=("0", "1", "both"), default="both")
     args = parser.parse_args()
-    fence_server = Server().start()
-    topology = ReplicaSet(2, sentinels=3).start(timeout=30.0)
-    store = RedisFence(fence_server.url)
-    engine = fence_server.engine
+    kills = [True, False] if args.kill == "both" else [args.kill == "stalled"]
+    counts = [0, 1] if args.replicas == "both" else [int(args.replicas)]
+    rig = Rig()
+    engine = rig.fence_server.engine
     print(f"{engine.name} {engine.version}, {args.trials} trials per row")
     print(
         f"{'kill':8} {'replicas':>8} {'A granted':>10} {'B granted':>10} {'double':>8} "
         f"{'fence refused A':>16} {'s/trial':>8}"
     )
     try:
-        for stalled in (True, False):
-            for replicas in (0, 1):
+        for stalled in kills:
+            for replicas in counts:
                 started = time.monotonic()
-                results = run(args.trials, replicas, stalled, topology, store)
+                results = run(args.trials, replicas, stalled, rig)
                 per = (time.monotonic() - started) / args.trials
                 doubles = [r for r in results if r.double_grant]
                 refused = sum(1 for r in doubles if r.stale_refused)
@@ -140,12 +175,13 @@ def main() -> None:
                     f"{'stalled' if stalled else 'natural':8} {replicas:>8} "
                     f"{sum(r.a_granted for r in results):>5}/{args.trials:<4} "
                     f"{sum(r.b_granted for r in results):>5}/{args.trials:<4} "
-                    f"{len(doubles):>3}/{args.trials:<4} {refused:>8}/{len(doubles):<7} {per:8.1f}"
+                    f"{len(doubles):>3}/{args.trials:<4} {refused:>8}/{len(doubles):<7} {per:8.1f}",
+                    flush=True,
                 )
+        if rig.rebuilt:
+            print(f"(the topology was rebuilt {rig.rebuilt} times after a double failover)")
     finally:
-        store.close()
-        topology.stop()
-        fence_server.stop()
+        rig.close()
 
 
 if __name__ == "__main__":

@@ -11,11 +11,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
-
-from fencelock.fence import RedisFence
-from fencelock.servers import ReplicaSet, Server
 
 TRIALS = 2
 
@@ -31,21 +29,18 @@ def _benchmark() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def rig(fencelock_server_binary: str) -> Iterator[tuple[ReplicaSet, RedisFence]]:
-    with Server(fencelock_server_binary) as fence_server:
-        store = RedisFence(fence_server.url)
-        try:
-            with ReplicaSet(2, sentinels=3, binary=fencelock_server_binary) as topology:
-                yield topology, store
-        finally:
-            store.close()
+def rig(fencelock_server_binary: str) -> Iterator[Any]:
+    made = _benchmark().Rig(fencelock_server_binary)
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 def test_without_replicas_a_lost_grant_is_granted_again_and_the_fence_refuses_the_stale_holder(
-    rig: tuple[ReplicaSet, RedisFence],
+    rig: Any,
 ) -> None:
-    topology, store = rig
-    results = _benchmark().run(TRIALS, 0, True, topology, store)
+    results = _benchmark().run(TRIALS, 0, True, rig)
     assert all(r.a_granted for r in results)
     doubles = [r for r in results if r.double_grant]
     assert doubles, results  # the promoted replica never saw A's grant: B gets it too
@@ -53,13 +48,12 @@ def test_without_replicas_a_lost_grant_is_granted_again_and_the_fence_refuses_th
 
 
 def test_with_replicas_1_an_unreplicated_grant_is_not_handed_out_so_no_double_grant(
-    rig: tuple[ReplicaSet, RedisFence],
+    rig: Any,
 ) -> None:
-    topology, store = rig
     bench = _benchmark()
-    stalled = bench.run(TRIALS, 1, True, topology, store)
+    stalled = bench.run(TRIALS, 1, True, rig)
     assert not any(r.a_granted for r in stalled), stalled  # WAIT saw no replica
     assert all(r.b_granted for r in stalled), stalled  # the lock was free after the failover
-    natural = bench.run(1, 1, False, topology, store)
+    natural = bench.run(1, 1, False, rig)
     assert all(r.a_granted and not r.b_granted for r in natural), natural  # the hold survived
     assert not any(r.double_grant for r in stalled + natural)
