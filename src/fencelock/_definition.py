@@ -68,6 +68,7 @@ class Definition:
             restart_delay=(
                 len(servers) > 1 if options.restart_delay is None else options.restart_delay
             ),
+            replicas=options.replicas,
         )
         purpose = options.purpose
         self.holder: Callable[[], str] = (

@@ -47,6 +47,7 @@ _FIELDS = (
     "holder_info",
     "purpose",
     "restart_delay",
+    "replicas",
 )
 
 
@@ -139,6 +140,10 @@ class LockFront:
     - ``restart_delay``: a server seen restarting (its ``run_id`` changed) less than ``ttl`` ago
       does not vote, so a restart that lost its keys cannot let a second majority form (default
       None: on for N > 1 servers, off for one).
+    - ``replicas``: a grant or extend counts on a server only once ``WAIT replicas`` confirmed
+      that many of its replicas have it, within the server timeout (default 0: the primary's
+      answer is enough). A server short of acknowledgements counts as unavailable, so a lock
+      needing replicas that are down fails with :class:`~fencelock.Unavailable`.
 
     Raises :class:`~fencelock.ConfigError` for any bad argument, before any I/O.
     """
@@ -162,6 +167,7 @@ class LockFront:
         reentrant: bool = False,
         owner: str | None = None,
         restart_delay: bool | None = None,
+        replicas: int = 0,
         fair: bool = False,
     ) -> None:
         args = (
@@ -177,6 +183,7 @@ class LockFront:
             holder_info,
             purpose,
             restart_delay,
+            replicas,
         )
         reentry = make_reentry(reentrant, owner)
         check_fair(fair)

@@ -61,6 +61,7 @@ class _ClientBase(Generic[L]):
         holder_info: bool = True,
         purpose: str | None = None,
         restart_delay: bool | None = None,
+        replicas: int = 0,
     ) -> None:
         self._raw: dict[str, Any] = {
             "server_timeout": server_timeout,
@@ -73,6 +74,7 @@ class _ClientBase(Generic[L]):
             "holder_info": holder_info,
             "purpose": purpose,
             "restart_delay": restart_delay,
+            "replicas": replicas,
         }
         self.options = LockOptions.build(ttl=ttl, wait=wait, **self._raw)
         self._servers: tuple[Server, ...] = resolve(servers)
@@ -91,18 +93,21 @@ class _ClientBase(Generic[L]):
         *,
         reentrant: bool = False,
         owner: str | None = None,
+        replicas: int | None = None,
         fair: bool = False,
     ) -> L:
-        """A lock on ``key`` over this client's servers; ``ttl``/``wait`` default to the
-        client's. No I/O. Raises :class:`~fencelock.ConfigError` for a bad key or option.
-        ``reentrant``/``owner``/``fair``: see :class:`~fencelock.Lock`."""
-        definition = self._definition(key, ttl, wait)
+        """A lock on ``key`` over this client's servers; ``ttl``/``wait``/``replicas`` default
+        to the client's. No I/O. Raises :class:`~fencelock.ConfigError` for a bad key or option.
+        ``reentrant``/``owner``/``replicas``/``fair``: see :class:`~fencelock.Lock`."""
+        definition = self._definition(key, ttl, wait, replicas)
         return self._lock_class._of(definition, reentrant=reentrant, owner=owner, fair=fair)  # type: ignore[no-any-return]
 
-    def _definition(self, key: str, ttl: Seconds | None, wait: Seconds | None) -> Definition:
+    def _definition(
+        self, key: str, ttl: Seconds | None, wait: Seconds | None, replicas: int | None = None
+    ) -> Definition:
         if self._gate.closed:
             raise FencelockError("this client was closed")
-        options = self._options(ttl, wait)
+        options = self._options(ttl, wait, replicas)
         return Definition(self._servers, check_key(key), options, self._gate)
 
     def _definitions(
@@ -123,13 +128,16 @@ class _ClientBase(Generic[L]):
     def _election_lock(self, key: str, ttl: Seconds | None, name: str | None) -> tuple[L, str]:
         return self.lock(key, ttl=ttl), default_name() if name is None else check_name(name)
 
-    def _options(self, ttl: Seconds | None, wait: Seconds | None) -> LockOptions:
-        if ttl is None and wait is None:
+    def _options(
+        self, ttl: Seconds | None, wait: Seconds | None, replicas: int | None = None
+    ) -> LockOptions:
+        if ttl is None and wait is None and replicas is None:
             return self.options
+        raw = self._raw if replicas is None else {**self._raw, "replicas": replicas}
         return build_options(
             self.options.ttl if ttl is None else ttl,
             self.options.wait if wait is None else wait,
-            self._raw,
+            raw,
         )
 
     def __repr__(self) -> str:

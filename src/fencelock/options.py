@@ -157,6 +157,9 @@ class LockOptions:
     #: None: on for N > 1 servers (where a wiped restart could let a second majority form),
     #: off for one server (whose restart loses the lock whatever we do; fences keep growing)
     restart_delay: bool | None = None
+    #: 0: a grant counts once the primary answered (replication is asynchronous); k > 0: only
+    #: once ``WAIT k`` saw k replicas acknowledge it, so a failover keeps it
+    replicas: int = 0
 
     @classmethod
     def build(
@@ -174,6 +177,7 @@ class LockOptions:
         holder_info: object = True,
         purpose: object = None,
         restart_delay: object = None,
+        replicas: object = 0,
     ) -> LockOptions:
         """Validate raw arguments; raises :class:`ConfigError` naming the first bad one."""
         ttl_s = seconds(ttl, "ttl")
@@ -199,6 +203,8 @@ class LockOptions:
             raise ConfigError(f"holder_info must be a bool, not {holder_info!r}")
         if restart_delay is not None and not isinstance(restart_delay, bool):
             raise ConfigError(f"restart_delay must be a bool or None, not {restart_delay!r}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ConfigError(f"replicas must be an int >= 0, not {replicas!r}")
         if purpose is not None and not isinstance(purpose, str):
             raise ConfigError(f"purpose must be a str or None, not {purpose!r}")
         base_s = seconds(retry_base, "retry_base")
@@ -218,4 +224,5 @@ class LockOptions:
             holder_info=holder_info,
             purpose=purpose,
             restart_delay=restart_delay,
+            replicas=replicas,
         )

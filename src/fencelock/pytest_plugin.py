@@ -7,6 +7,9 @@ Fixtures:
         returning a started group; every group made is stopped at teardown.
     ``fencelock_session_server``: one server shared by the whole session (use unique keys).
     ``fencelock_server_binary``: the path of the binary these fixtures use.
+    ``fencelock_replica_sets``: a factory ``fencelock_replica_sets(n_replicas=1, sentinels=0,
+        **kwargs) -> ReplicaSet`` returning a started primary with replicas (and Sentinels);
+        every set made is stopped at teardown.
 
 Option ``--fencelock-server-bin PATH`` picks the binary; it is also exported as
 ``$FENCELOCK_SERVER_BIN`` for the session, so servers created directly with ``Server()`` use the
@@ -23,6 +26,7 @@ import pytest
 
 from fencelock.servers import (
     ENV_SERVER_BIN,
+    ReplicaSet,
     Server,
     ServerError,
     ServerGroup,
@@ -38,6 +42,12 @@ class ServerGroupFactory(Protocol):
     """Type of the ``fencelock_servers`` fixture."""
 
     def __call__(self, n: int, **server_kwargs: Any) -> ServerGroup: ...
+
+
+class ReplicaSetFactory(Protocol):
+    """Type of the ``fencelock_replica_sets`` fixture."""
+
+    def __call__(self, n_replicas: int = 1, *, sentinels: int = 0, **kwargs: Any) -> ReplicaSet: ...
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -117,3 +127,25 @@ def fencelock_session_server(fencelock_server_binary: str) -> Iterator[Server]:
     """One server shared by the whole session: tests must use unique keys and not stop it."""
     with Server(fencelock_server_binary) as server:
         yield server
+
+
+@pytest.fixture
+def fencelock_replica_sets(fencelock_server_binary: str) -> Iterator[ReplicaSetFactory]:
+    """Factory of started :class:`~fencelock.servers.ReplicaSet`; all are stopped at teardown."""
+    made: list[ReplicaSet] = []
+
+    def make(n_replicas: int = 1, *, sentinels: int = 0, **kwargs: Any) -> ReplicaSet:
+        kwargs.setdefault("binary", fencelock_server_binary)
+        topology = ReplicaSet(n_replicas, sentinels=sentinels, **kwargs)
+        made.append(topology)
+        return topology.start()
+
+    yield make
+    errors: list[ServerError] = []
+    for topology in made:
+        try:
+            topology.stop()
+        except ServerError as exc:
+            errors.append(exc)
+    if errors:
+        raise ServerError(f"fencelock_replica_sets teardown: {errors}")

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -332,3 +333,27 @@ def test_a_delayed_proxy_slows_every_round_trip_by_the_delay(fencelock_server: S
 def test_a_delayed_proxy_rejects_a_negative_delay(fencelock_server: Server) -> None:
     with pytest.raises(ValueError):
         delayed_proxy(fencelock_server, -1.0)
+
+
+def test_a_replica_set_links_its_replicas_and_stops_every_process_by_pid(
+    fencelock_replica_sets: Any,
+) -> None:
+    from fencelock.servers import ReplicaSet
+
+    with pytest.raises(ValueError):
+        ReplicaSet(-1)
+    with pytest.raises(ValueError):
+        ReplicaSet(1, port=1234)
+    topology = fencelock_replica_sets(2)
+    pids = [node.pid for node in topology.nodes]
+    assert len(pids) == 3 and all(pids)
+    for replica in topology.replicas:
+        info = replica.client().info("replication")
+        assert info["role"] == "slave" and info["master_link_status"] == "up"
+        assert info["master_port"] == topology.first_primary.port
+    assert topology.primary() is topology.first_primary
+    topology.stop()
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped: gone

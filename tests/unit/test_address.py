@@ -12,6 +12,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.credentials import UsernamePasswordCredentialProvider
 
+import fencelock
 from fencelock._engine.address import TLS, Address, from_client, from_url, is_client
 from fencelock._plain_clients import describe
 from fencelock.errors import ConfigError
@@ -258,3 +259,50 @@ def test_something_that_is_not_a_client_is_refused(thing: object) -> None:
 def test_redis_clients_of_both_kinds_are_clients() -> None:
     assert is_client(redis.Redis())
     assert is_client(redis.asyncio.Redis())
+
+
+# -- Sentinel-managed masters ------------------------------------------------------------------
+
+
+def test_a_sentinel_url_names_its_sentinels_service_db_and_the_masters_credentials() -> None:
+    from fencelock._engine.address import sentinels_from_url
+
+    found = sentinels_from_url("redis+sentinel://app:pw@s1:26380,s2/locks/3")
+    assert found.hosts == (("s1", 26380), ("s2", 26379))
+    assert found.service == "locks"
+    assert (found.master.db, found.master.username, found.master.password) == (3, "app", "pw")
+    assert "pw" not in found.name and "pw" not in repr(found)
+    assert found.at("10.0.0.9", 6390).port == 6390
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://s1:26379",  # no service
+        "redis+sentinel://s1:26379/",
+        "redis+sentinel:///svc",  # no sentinel
+        "redis+sentinel://s1:99999/svc",
+        "redis+sentinel://s1:x/svc",
+        "redis+sentinel://s1/svc/db",
+        "redis+sentinel://s1/svc?db=1",
+    ],
+)
+def test_a_bad_sentinel_url_is_a_config_error_before_any_io(url: str) -> None:
+    with pytest.raises(fencelock.ConfigError):
+        fencelock.Lock(url, "k")
+
+
+def test_a_sentinel_client_is_read_without_io() -> None:
+    import redis.sentinel
+
+    from fencelock._engine.address import sentinels_from_client
+
+    client = redis.sentinel.Sentinel([("127.0.0.1", 1), ("h", 2)]).master_for(
+        "svc", password="pw", db=2
+    )
+    found = sentinels_from_client(client)
+    assert found.hosts == (("127.0.0.1", 1), ("h", 2)) and found.service == "svc"
+    assert (found.master.db, found.master.password) == (2, "pw")
+    replica = redis.sentinel.Sentinel([("127.0.0.1", 1)]).slave_for("svc")
+    with pytest.raises(fencelock.ConfigError, match="replica"):
+        sentinels_from_client(replica)

@@ -26,10 +26,15 @@ from fencelock._core.effects import (
     NotSent,
     Pause,
     Repeat,
+    Replicated,
+    Wait,
 )
 from fencelock._core.extend import ExtendOutcome, extend, renew
-from fencelock._core.plan import LockPlan, make_plan
+from fencelock._core.plan import LockPlan, make_plan, replica_wait
+from fencelock._core.quorum import Outcome
 from fencelock._core.release import release
+from fencelock._core.replies import NotReplicated, ProtocolError, classify_acquire, replicated
+from fencelock._engine.resp import ReplyError
 
 GRANT = [1, 500]  # acquire.lua: granted, fence 500
 HELD = [0, 1200]  # acquire.lua: held by another, 1200 ms left
@@ -367,3 +372,79 @@ def test_release_verdicts(
         assert verdict.error is None
     else:
         assert isinstance(verdict.error, error)  # type: ignore[arg-type]
+
+
+# -- replicas=k: a vote counts only with k replica acknowledgements (WAIT) ---------------------
+
+
+def replicated_plan(n: int, replicas: int = 1) -> LockPlan:
+    return replace(plan_of(n), wait=replica_wait(replicas, 0.5))
+
+
+def test_the_wait_of_a_plan_is_three_quarters_of_the_server_timeout_and_never_zero() -> None:
+    assert replica_wait(0, 0.5) is None
+    assert replica_wait(2, 0.5) == Wait(2, 375)
+    assert replica_wait(1, 0.0001) == Wait(1, 1)  # WAIT k 0 would block forever
+
+
+@pytest.mark.parametrize(
+    ("result", "outcome", "detail"),
+    [
+        (Replicated(GRANT, 1), Outcome.GRANTED, None),
+        (Replicated(GRANT, 2), Outcome.GRANTED, None),
+        (Replicated(GRANT, 0), Outcome.ERROR, NotReplicated),
+        (Replicated(HELD, 0), Outcome.HELD, None),  # a refusal wrote nothing
+        (Replicated(GRANT, ReplyError("ERR WAIT cannot be used")), Outcome.ERROR, ReplyError),
+        (Replicated(GRANT, b"x"), Outcome.ERROR, ProtocolError),
+        (Replicated(ReplyError("NOPERM"), 1), Outcome.ERROR, None),
+        (TimeoutError("late"), Outcome.ERROR, TimeoutError),
+    ],
+)
+def test_a_grant_counts_only_with_enough_replica_acknowledgements(
+    result: object, outcome: Outcome, detail: type[BaseException] | None
+) -> None:
+    got, why = replicated(classify_acquire, 1, 375)(result)
+    assert got is outcome
+    if detail is not None:
+        assert isinstance(why, detail)
+
+
+def test_a_grant_short_of_replicas_is_unavailable_and_released() -> None:
+    plan = replicated_plan(1)
+    driver = Script(table(1, acquire=[Replicated(GRANT, 0)]))
+    with pytest.raises(Unavailable, match="0 of 1 replica"):
+        driver.run(try_acquire(plan, "tok", ""))
+    (round_,) = driver.broadcasts("acquire")
+    assert round_.wait == Wait(1, 375)
+    releases = driver.broadcasts("release")
+    assert releases and releases[0].targets == (0,)  # what was written there is cleaned up
+
+
+def test_replicated_grants_on_a_majority_win_and_the_commit_carries_the_wait_too() -> None:
+    plan = replicated_plan(3)
+    driver = Script(
+        table(
+            3,
+            acquire=[Replicated(GRANT, 1), Replicated(GRANT, 0), Replicated(GRANT, 1)],
+            fence_commit=[Replicated(OK, 1)] * 3,
+        )
+    )
+    grant = driver.run(try_acquire(plan, "tok", ""))
+    assert grant is not None and grant.fence == 500
+    (commit,) = driver.broadcasts("fence_commit")
+    assert commit.wait == Wait(1, 375) and set(commit.targets) == {0, 2}
+
+
+def test_an_extend_short_of_replicas_is_not_confirmed() -> None:
+    plan = replicated_plan(1)
+    driver = Script(table(1, extend=[Replicated(OK, 0)]))
+    result = driver.run(extend(plan, "tok", 2000, 109.0))
+    assert result.outcome is ExtendOutcome.UNKNOWN and isinstance(result.error, Unavailable)
+    confirmed = Script(table(1, extend=[Replicated(OK, 1)])).run(extend(plan, "tok", 2000, 109.0))
+    assert confirmed.outcome is ExtendOutcome.CONFIRMED
+
+
+def test_without_replicas_no_round_carries_a_wait() -> None:
+    driver = Script(table(1, acquire=[GRANT]))
+    assert driver.run(try_acquire(plan_of(1), "tok", "")) is not None
+    assert all(b.wait is None for b in driver.log if isinstance(b, Broadcast))

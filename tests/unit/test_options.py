@@ -211,3 +211,29 @@ def test_client_lock_refuses_a_bool_ttl_even_after_the_same_number_was_used() ->
     with pytest.raises(fencelock.ConfigError, match="wait"):
         client.lock("k", wait=False)
     client.close()
+
+
+@pytest.mark.parametrize("replicas", [-1, True, False, 1.0, "1", None])
+def test_bad_replicas(make: Callable[..., Any], replicas: object) -> None:
+    error = _raises_config(lambda: make(URL, "k", 30.0, replicas=replicas))
+    assert "replicas" in str(error)
+
+
+def test_replicas_is_kept_by_lock_client_and_client_lock() -> None:
+    assert fencelock.Lock(URL, "k", replicas=2).options.replicas == 2
+    assert fencelock.Lock(URL, "k").options.replicas == 0
+    client = fencelock.Client(URL, replicas=1)
+    assert client.lock("k").options.replicas == 1
+    assert client.lock("k", replicas=0).options.replicas == 0
+    assert client.lock("k", ttl=5).options.replicas == 1  # the client's, with another ttl
+    with pytest.raises(ConfigError, match="replicas"):
+        client.lock("k", replicas=True)  # True == 1: the option cache must not mix them
+    with pytest.raises(ConfigError, match="replicas"):
+        fencelock.Client(URL, replicas=-1)
+    client.close()
+    import fencelock.asyncio as aio
+
+    aclient = aio.Client(URL, replicas=1)
+    assert aclient.lock("k").options.replicas == 1
+    with pytest.raises(ConfigError, match="replicas"):
+        aclient.lock("k", replicas=-2)

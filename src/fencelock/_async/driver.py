@@ -22,7 +22,16 @@ from .._core.replies import classify_handshake
 from .._engine.handshake import HandshakeError
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import CALLS, PING, Calls, full_call, is_noscript
+from .._engine.wire import (
+    CALLS,
+    PING,
+    Calls,
+    answer,
+    full_call,
+    is_noscript,
+    is_readonly,
+    wait_tail,
+)
 from .._sync.background import background
 from .connection import AsyncConnection
 
@@ -71,11 +80,12 @@ def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnecti
 def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
     """The connection every task of ``loop`` pipelines its requests to ``server`` on."""
     pool = _pool(server, loop)
-    if pool and pool[0].usable:
+    address = server.address
+    if pool and pool[0].usable and pool[0].address == address:
         return pool[0]
-    if pool:
+    if pool and not pool[0].usable:
         server.connection_failed()  # closed under us: it may have restarted, so ask
-    conn = AsyncConnection(server.address, identify=server.recheck)
+    conn = AsyncConnection(address, identify=server.recheck)
     if pool:
         pool[0].close()
         pool[0] = conn
@@ -87,14 +97,15 @@ def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
 def take_blocking(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
     """A connection of its own for one blocking wait (given back with :func:`give_back`)."""
     pool = _pool(server, loop)
+    address = server.address
     if not pool:
-        pool.append(AsyncConnection(server.address, identify=server.recheck))
+        pool.append(AsyncConnection(address, identify=server.recheck))
     while len(pool) > 1:
         conn = pool.pop()
-        if conn.usable:
+        if conn.usable and conn.address == address:
             return conn
         conn.close()
-    return AsyncConnection(server.address, identify=server.recheck)
+    return AsyncConnection(address, identify=server.recheck)
 
 
 def give_back(server: Server, loop: asyncio.AbstractEventLoop, conn: AsyncConnection) -> None:
@@ -139,8 +150,10 @@ class _Round:
             script, payload = None, PING
         else:
             script, payload = self.encoder.encode(server, effect.script, effect.keys, effect.args)
+        tail, n = (b"", 1) if script is None else wait_tail(effect.wait)
+        payload += tail
         try:
-            replies = await call.conn.request(payload, 1)
+            replies = await call.conn.request(payload, n)
         except ConnectionError as exc:
             # a reused connection may have been closed by a restarted server meanwhile
             if call.conn.fresh or isinstance(exc, HandshakeError):
@@ -148,16 +161,20 @@ class _Round:
             call.conn.close()
             server.connection_failed()  # a restarted server: learn its new identity
             call.conn = shared(server, asyncio.get_running_loop())
-            replies = await call.conn.request(payload, 1)
+            replies = await call.conn.request(payload, n)
         if script is not None and is_noscript(replies[0]):
             server.loaded.discard(script.sha)
             if self.collecting or effect.land:
-                replies = await call.conn.request(full_call(script, effect.keys, effect.args), 1)
+                replies = await call.conn.request(
+                    full_call(script, effect.keys, effect.args) + tail, n
+                )
         if script is not None and not is_noscript(replies[0]):
             server.loaded.add(script.sha)
+        if is_readonly(replies[0]):
+            server.moved()
         server.learned(call.conn.identity)
         server.answered()
-        return replies[0]
+        return answer(replies)
 
 
 class AsyncDriver:
@@ -251,7 +268,13 @@ class AsyncDriver:
                 reason = fx.NotSent(f"suspect: {server.health.reason}")
                 tally.record(index, *effect.classify(reason))
                 continue
-            call = _Call(index, server, shared(server, loop))
+            try:
+                conn = shared(server, loop)
+            except ConnectionError as exc:  # no sentinel named the master
+                _failed(server, exc, self.timeout_s)
+                tally.record(index, *effect.classify(exc))
+                continue
+            call = _Call(index, server, conn)
             task = loop.create_task(round_.call(call))
             call.task = task
             round_.calls[task] = call
@@ -329,7 +352,11 @@ class AsyncDriver:
             return False
         loop = asyncio.get_running_loop()
         server = self.servers[effect.wake[0]]
-        conn = take_blocking(server, loop)
+        try:
+            conn = take_blocking(server, loop)
+        except ConnectionError:  # no sentinel named the master: sleep instead
+            await asyncio.sleep(delay)
+            return False
         started = time.monotonic()
         timer = loop.call_later(delay + self.timeout_s, conn.close)
         try:

@@ -9,6 +9,9 @@ Rules of an attempt:
   release in the background on servers that did not answer;
 - the same server named twice, or a replica, is a :class:`~fencelock.ConfigError` as soon as
   the servers' identities are known (the grant is released first);
+- with ``replicas=k`` (``plan.wait``), a server's grant and fence commit count only once
+  ``WAIT`` saw k of its replicas acknowledge them; a grant short of them is an outage vote
+  and is released with the other leftovers;
 - with ``restart_delay``, a grant from a server seen restarting less than a ttl ago does not
   count (it is released with the other leftovers of a failed attempt); a round that stopped
   early on such a grant hears its stragglers before it is judged.
@@ -26,7 +29,7 @@ from .fencing import needs_commit
 from .plan import LockPlan
 from .quorum import Outcome, Tally
 from .release import release_round
-from .replies import AcquireReply, classify_acquire, classify_commit
+from .replies import AcquireReply, classify_acquire, classify_commit, with_wait
 from .rounds import AcquireDecision, Status, decide_acquire, decide_confirm
 from .verdicts import (
     acquire_failure,
@@ -110,10 +113,11 @@ def attempt(
             plan.everyone,
             plan.acquire_keys,
             args,
-            classify_acquire,
+            with_wait(plan, classify_acquire),
             settled,
             plan.budget_s,
             tally,
+            wait=plan.wait,
         )
         if plan.restart_delay:
             tally = yield from _discount_restarted(plan, tally)
@@ -179,10 +183,11 @@ def commit_fence(
         granted,
         plan.commit_keys,
         (token, str(decision.fence)),
-        classify_commit,
+        with_wait(plan, classify_commit),
         _won,
         plan.budget_s,
         commit,
+        wait=plan.wait,
     )
     now: float = yield NOW
     validity = decide_confirm(

@@ -55,6 +55,24 @@ class Identify:
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """``WAIT replicas timeout_ms``, sent on the same connection right after a script call:
+    the server answers how many of its replicas acknowledged every write before it."""
+
+    replicas: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replicated:
+    """What ``classify`` is given for a call that carried a :class:`Wait`: the script's
+    ``reply`` and the ``WAIT`` reply (``acks``: an int, or the server's error)."""
+
+    reply: object
+    acks: object
+
+
+@dataclass(frozen=True, slots=True)
 class Broadcast:
     """Run ``script`` (a name from ``fencelock._scripts``) on ``targets`` (server indexes).
 
@@ -64,7 +82,9 @@ class Broadcast:
     - ``tally``: where the votes go (the flow may pre-record servers it does not target);
     - ``land``: a straggler that answers NOSCRIPT after the round ended runs the script in full
       anyway (a grant must land on every live server); False for rounds whose stragglers must
-      not take effect late.
+      not take effect late;
+    - ``wait``: each call is followed by this ``WAIT`` in the same pipeline, and ``classify``
+      gets a :class:`Replicated` (reply and acknowledgements) instead of the bare reply.
     """
 
     script: str
@@ -76,6 +96,7 @@ class Broadcast:
     budget_s: float
     tally: Tally
     land: bool = True
+    wait: Wait | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from ..errors import LockLost, Unavailable
 from .effects import NOW, Broadcast, Flow
 from .plan import LockPlan
 from .quorum import Tally, summary
-from .replies import classify_extend
+from .replies import classify_extend, with_wait
 from .rounds import lost_for_sure
 from .verdicts import outage, votes
 
@@ -51,10 +51,11 @@ def extend(plan: LockPlan, token: str, ttl_ms: int, deadline: float) -> Flow[Ext
         plan.everyone,
         plan.extend_keys,
         (token, ttl_ms),
-        classify_extend,
+        with_wait(plan, classify_extend),
         _decided,
         plan.budget_s,
         tally,
+        wait=plan.wait,
     )
     now: float = yield NOW
     new_deadline = start + (ttl_ms - plan.drift_ms(ttl_ms)) / 1000.0

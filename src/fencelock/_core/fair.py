@@ -59,7 +59,7 @@ from .effects import IDENTITIES, NOW, Broadcast, Flow, Identify, Pause, Repeat
 from .fencing import needs_commit
 from .plan import LockPlan, Wiring
 from .quorum import Outcome, Tally
-from .replies import AcquireReply, ProtocolError, _int, decode_flag
+from .replies import AcquireReply, ProtocolError, _int, decode_flag, with_wait
 from .rounds import Status, decide_acquire
 from .verdicts import acquire_failure, independence_problem
 
@@ -171,10 +171,11 @@ def attempt_fair(
             plan.everyone,
             plan.acquire_keys,
             args,
-            classify_fair,
+            with_wait(plan, classify_fair),
             settled,
             plan.budget_s,
             tally,
+            wait=plan.wait,
         )
         if plan.restart_delay:
             tally = yield from _discount_restarted(plan, tally)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .effects import Wait
 from .keys import LockKeys, lock_keys
 from .timing import drift_ms, seconds_to_ms
 
@@ -48,7 +49,9 @@ class LockPlan:
     - ``budget_s``: the longest a round may take (connect, handshake and reply together);
     - ``handoff_ms`` / ``wake_ms``: the release script's hand-off window and wake lifetime;
     - ``restart_delay``: a server seen restarting (its run_id changed) less than ``ttl_ms`` ago
-      does not vote in an acquire (see ``verdicts.restarting``).
+      does not vote in an acquire (see ``verdicts.restarting``);
+    - ``wait``: what the grant, commit and extend rounds ask each server's replicas to
+      acknowledge (``WAIT``) before its vote counts; None: nothing (``replicas=0``).
     """
 
     key: str
@@ -64,6 +67,7 @@ class LockPlan:
     wake_ms: int
     wiring: Wiring
     restart_delay: bool = False
+    wait: Wait | None = None
 
     @property
     def n(self) -> int:
@@ -115,6 +119,7 @@ def make_plan(
     handoff_window_s: float,
     wake_lifetime_s: float,
     restart_delay: bool = False,
+    replicas: int = 0,
 ) -> LockPlan:
     """A plan from validated options (seconds); raises nothing."""
     keys = lock_keys(key)
@@ -134,4 +139,18 @@ def make_plan(
         wake_ms=seconds_to_ms(wake_lifetime_s),
         wiring=lock_wiring(keys),
         restart_delay=restart_delay,
+        wait=replica_wait(replicas, server_timeout_s),
     )
+
+
+def replica_wait(replicas: int, server_timeout_s: float) -> Wait | None:
+    """The ``WAIT`` of ``replicas`` acknowledgements within the server timeout: its first
+    three quarters (the script and the network take the rest of the round), 1 ms at the least
+    (``WAIT k 0`` would block forever)."""
+    if replicas <= 0:
+        return None
+    return Wait(replicas, max(1, int(server_timeout_s * 1000.0 * WAIT_SHARE)))
+
+
+#: The share of the server timeout a ``WAIT`` may block for.
+WAIT_SHARE = 0.75

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from .effects import Classify, Replicated
 from .quorum import Outcome
+
+if TYPE_CHECKING:
+    from .plan import LockPlan
 
 
 class ProtocolError(Exception):
@@ -118,3 +123,49 @@ def classify_handshake(result: object) -> tuple[Outcome, object]:
 
 
 classify_announce = _flag_classifier("elect_announce")
+
+
+class NotReplicated(Exception):
+    """A server granted, but fewer of its replicas than asked acknowledged it in time: the
+    grant would not survive a failover, so it does not count (and is released like any other
+    leftover of a failed round)."""
+
+    def __init__(self, acks: int, replicas: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"WAIT: {acks} of {replicas} replica(s) acknowledged within {timeout_ms} ms"
+        )
+        self.acks = acks
+        self.replicas = replicas
+
+
+def replicated(classify: Classify, replicas: int, timeout_ms: int) -> Classify:
+    """``classify`` for calls followed by ``WAIT replicas timeout_ms``: a GRANTED vote stands
+    only with at least ``replicas`` acknowledgements; a refusal stands whatever the count (it
+    wrote nothing); a ``WAIT`` the server refused is an ERROR vote."""
+
+    def classify_replicated(result: object) -> tuple[Outcome, object]:
+        if not isinstance(result, Replicated):
+            return classify(result)  # an error that replaced the call, or a bare reply
+        outcome, detail = classify(result.reply)
+        if outcome is not Outcome.GRANTED:
+            return outcome, detail
+        acks = result.acks
+        if isinstance(acks, BaseException):
+            return Outcome.ERROR, acks
+        try:
+            count = _int(acks)
+        except ProtocolError as exc:
+            return Outcome.ERROR, exc
+        if count < replicas:
+            return Outcome.ERROR, NotReplicated(count, replicas, timeout_ms)
+        return outcome, detail
+
+    return classify_replicated
+
+
+def with_wait(plan: LockPlan, classify: Classify) -> Classify:
+    """``classify`` as it must be for ``plan``'s rounds that carry its ``WAIT`` (if any)."""
+    wait = plan.wait
+    if wait is None:
+        return classify
+    return replicated(classify, wait.replicas, wait.timeout_ms)

@@ -33,7 +33,7 @@ from .keys import LockKeys, lock_keys, slot_keys
 from .plan import LockPlan, Wiring, lock_wiring
 from .quorum import Outcome, Tally
 from .release import release_round
-from .replies import AcquireReply, ProtocolError, classify_slot_acquire
+from .replies import AcquireReply, ProtocolError, classify_slot_acquire, with_wait
 from .rounds import AcquireDecision, Status, decide_acquire
 from .timing import validity_ms
 from .verdicts import independence_problem
@@ -164,10 +164,11 @@ def commit_permit_fence(
             granted,
             plan.commit_keys,
             (token, str(fence)),
-            classify_permit_commit,
+            with_wait(plan, classify_permit_commit),
             enough,
             plan.budget_s,
             tally,
+            wait=plan.wait,
         )
         now: float = yield NOW
         validity = validity_ms(plan.ttl_ms, (now - start) * 1000.0, drift)
@@ -248,10 +249,11 @@ def attempt_permit(
             plan.everyone,
             sem.acquire_keys,
             args,
-            classify_slot_acquire,
+            with_wait(plan, classify_slot_acquire),
             slot_settled,
             plan.budget_s,
             tally,
+            wait=plan.wait,
         )
         now: float = yield NOW
         slot = best_slot(tally)

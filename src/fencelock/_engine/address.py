@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -380,3 +380,115 @@ def from_client(client: object) -> Address:
         password=password,
         tls=tls,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Sentinel-managed masters
+# --------------------------------------------------------------------------------------------
+
+#: URL schemes of a Sentinel-managed master, and whether the master speaks TLS.
+SENTINEL_SCHEMES: Final = {"redis+sentinel": False, "valkey+sentinel": False}
+
+
+@dataclass(frozen=True)
+class Sentinels:
+    """A master found through Sentinels: ``hosts`` (host, port) asked in order for
+    ``service``; ``master`` carries how to talk to the master once found (db, credentials,
+    TLS; its host and port are not used). The sentinels are asked without credentials.
+
+    Equal values mean the same lock server (one vote), whatever the master is at the time.
+    """
+
+    hosts: tuple[tuple[str, int], ...]
+    service: str
+    master: Address = field(default_factory=Address)
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise ConfigError("a Sentinel-managed master needs at least one sentinel")
+        if not self.service:
+            raise ConfigError("a Sentinel-managed master needs a service name")
+
+    @property
+    def name(self) -> str:
+        """``"sentinel:service@host:port,host:port/db"`` (never the password)."""
+        hosts = ",".join(f"{host}:{port}" for host, port in self.hosts)
+        return f"sentinel:{self.service}@{hosts}/{self.master.db}"
+
+    def at(self, host: str, port: int) -> Address:
+        """The master's address once a sentinel named it."""
+        return replace(self.master, host=host, port=port, path=None)
+
+
+def is_sentinel_url(spec: object) -> bool:
+    """True for a ``redis+sentinel://`` (or ``valkey+sentinel://``) URL."""
+    return isinstance(spec, str) and spec.split("://", 1)[0].lower() in SENTINEL_SCHEMES
+
+
+def sentinels_from_url(url: str) -> Sentinels:
+    """The master a ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``
+    URL names (port default 26379; ``valkey+sentinel://`` alike). The credentials are the
+    master's.
+
+    >>> sentinels_from_url("redis+sentinel://s1:26379,s2/locks/2").name
+    'sentinel:locks@s1:26379,s2:26379/2'
+
+    Raises:
+        ConfigError: a malformed URL, no sentinel, no service name, a bad port or database.
+    """
+    shown = redact_url(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
+        raise ConfigError(f"not a Sentinel URL: {shown!r}")
+    netloc, _, path = rest.partition("/")
+    if "?" in path or "#" in path:
+        raise ConfigError(f"a Sentinel URL takes no query or fragment: {shown!r}")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    hosts: list[tuple[str, int]] = []
+    for item in hostlist.split(","):
+        host, colon, port_text = item.strip().rpartition(":")
+        if not colon:
+            host, port_text = port_text, "26379"
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ConfigError(f"bad sentinel {item!r} in {shown!r} (host:port expected)")
+        hosts.append((host.strip("[]"), int(port_text)))
+    service, _, db_text = path.partition("/")
+    if not service:
+        raise ConfigError(f"a Sentinel URL names its service: {shown!r} (…/service)")
+    if db_text and not db_text.isdigit():
+        raise ConfigError(f"Sentinel URL database must be a number: {shown!r}")
+    master = Address(db=int(db_text or 0), username=username, password=password)
+    return Sentinels(tuple(hosts), unquote(service), master)
+
+
+def sentinel_pool(client: object) -> Any:
+    """The ``SentinelConnectionPool`` of a client made by ``Sentinel.master_for`` (else None)."""
+    pool: Any = getattr(client, "connection_pool", None)
+    if getattr(pool, "service_name", None) and getattr(pool, "sentinel_manager", None):
+        return pool
+    return None
+
+
+def sentinels_from_client(client: object) -> Sentinels:
+    """The master a ``redis.sentinel.Sentinel(...).master_for(service)`` client (sync or
+    asyncio) talks to: its sentinels' addresses and the master's db, credentials and TLS
+    (no I/O).
+
+    Raises:
+        ConfigError: not such a client, or an option fencelock cannot honour.
+    """
+    pool = sentinel_pool(client)
+    if pool is None:
+        raise ConfigError(f"{type(client).__name__} is not a Sentinel-managed master client")
+    if getattr(pool, "is_master", True) is False:
+        raise ConfigError("a Sentinel replica client (slave_for) cannot hold locks")
+    hosts = tuple(
+        (address.host, address.port)
+        for address in (from_client(s) for s in pool.sentinel_manager.sentinels)
+    )
+    return Sentinels(hosts, str(pool.service_name), from_client(client))

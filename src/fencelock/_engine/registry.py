@@ -17,11 +17,22 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..options import check_url, redact_url
-from .address import Address, from_client, from_url, is_client
+from .address import (
+    Address,
+    Sentinels,
+    from_client,
+    from_url,
+    is_client,
+    is_sentinel_url,
+    sentinel_pool,
+    sentinels_from_client,
+    sentinels_from_url,
+)
 from .server import Server
 
 _servers: dict[Address, Server] = {}
 _by_url: dict[str, Server] = {}
+_by_sentinels: dict[Sentinels, Server] = {}
 _by_client: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 _fork_hooks: list[Callable[[], None]] = []
@@ -35,7 +46,31 @@ def server_for_address(address: Address) -> Server:
         return server
 
 
+def server_for_sentinels(sentinels: Sentinels) -> Server:
+    """The one Server of a Sentinel-managed master (one vote, whichever node leads)."""
+    with _lock:
+        server = _by_sentinels.get(sentinels)
+        if server is None:
+            server = _by_sentinels[sentinels] = Server(sentinels.master, sentinels)
+        return server
+
+
+def _sentinel_server_for(spec: object) -> Server | None:
+    """The Server of a Sentinel URL or ``Sentinel.master_for`` client; None for others."""
+    if is_sentinel_url(spec):
+        assert isinstance(spec, str)
+        return server_for_sentinels(sentinels_from_url(spec))
+    if not isinstance(spec, str) and sentinel_pool(spec) is not None:
+        return server_for_sentinels(sentinels_from_client(spec))
+    return None
+
+
 def _server_for(spec: object) -> Server:
+    sentinel_server = _sentinel_server_for(spec)
+    if sentinel_server is not None:
+        if isinstance(spec, str):
+            _by_url[spec] = sentinel_server
+        return sentinel_server
     if isinstance(spec, str):
         server = _by_url.get(spec)
         if server is None:
@@ -78,7 +113,7 @@ def resolve(servers: object) -> tuple[Server, ...]:
     result: list[Server] = []
     for item in items:
         if isinstance(item, str):
-            if item not in _by_url:
+            if item not in _by_url and not is_sentinel_url(item):
                 check_url(item)
         elif not is_client(item):
             raise ConfigError(
@@ -100,7 +135,8 @@ def server_started(host: str, port: int, *, new_server: bool = False) -> None:
     a replica look like the master that used the port before). Idle connections are found
     stale on use."""
     loopback = host in _LOOPBACK
-    for address, server in list(_servers.items()):
+    known = [*_servers.items(), *((s.last_address, s) for s in list(_by_sentinels.values()))]
+    for address, server in known:
         if address.port != port or address.path is not None:
             continue
         if address.host == host or (loopback and address.host in _LOOPBACK):
@@ -122,7 +158,7 @@ def on_fork(hook: Callable[[], None]) -> None:
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
-    for server in _servers.values():
+    for server in [*_servers.values(), *_by_sentinels.values()]:
         for conn in server.forget_connections():
             with contextlib.suppress(Exception):
                 conn.close()  # closes our fd only: the parent's socket stays open

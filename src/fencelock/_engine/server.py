@@ -7,6 +7,7 @@ Lock built per key costs no connection, no identity check and no script upload o
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -14,9 +15,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core.health import Health
-from .address import Address
+from .address import Address, Sentinels
 from .handshake import HandshakeError, Identity
+from .sentinel import find_master
 
+#: A sentinel gets at most this long (s) to name the master (and the server timeout if shorter).
+SENTINEL_TIMEOUT_S = 0.5
+#: A Sentinel-managed master's address is asked again after this long (s) at the latest.
+SENTINEL_RECHECK_S = 1.0
 #: Late repeats queued per server at the most (older ones are dropped: their keys expire).
 LATE_MAX = 10_000
 
@@ -49,11 +55,21 @@ class Server:
       with ``restarted_at`` set once a changed ``run_id`` was seen (``restart_delay``);
     - ``loaded``: SHAs of scripts known to be in the server's cache (cleared when its
       ``run_id`` changes or it answers NOSCRIPT), so a fresh server gets the full script at once.
+
+    A Sentinel-managed master (``sentinels``) is one server whatever node leads: its
+    :attr:`address` is asked of the sentinels at the first connection, and again after a
+    connection failed, a READONLY reply or a handshake that found a replica (a failover).
     """
 
-    def __init__(self, address: Address) -> None:
-        self.address = address
-        self.name = address.name
+    def __init__(self, address: Address, sentinels: Sentinels | None = None) -> None:
+        self._address = address
+        self.sentinels = sentinels
+        # a Sentinel-managed master's address is used without asking until then (monotonic s)
+        self._trusted_until = 0.0 if sentinels is not None else math.inf
+        self._found_once = False
+        self._doubted = False  # a connection failed since the sentinels were last asked
+        self._find_lock = threading.Lock()
+        self.name = address.name if sentinels is None else sentinels.name
         self.health = Health()
         self.identity: Identity | None = None
         self.loaded: set[str] = set()
@@ -64,9 +80,70 @@ class Server:
         self.timeout_s = 1.0  # the server timeout of the last round that found it failing
         self.recheck = True  # a new connection asks INFO/ROLE (unknown, or a failure since)
 
+    @property
+    def address(self) -> Address:
+        """Where to connect now. A Sentinel-managed master is asked of the sentinels (each
+        within ``min(timeout_s, 0.5)`` s) at first, after :meth:`moved`, and at most every
+        ``SENTINEL_RECHECK_S`` otherwise (a failover leaves the old primary reachable, and
+        a master until the sentinels reconfigure it: its connections would not fail).
+
+        Raises:
+            NoMaster: (a ConnectionError) no sentinel named the master, and the last known
+                one is unknown or was found failing.
+        """
+        if self.sentinels is None or time.monotonic() < self._trusted_until:
+            return self._address
+        return self._find()
+
+    @property
+    def last_address(self) -> Address:
+        """The address last used (no look-up; for a Sentinel-managed master not yet found,
+        a placeholder)."""
+        return self._address
+
+    def _find(self) -> Address:
+        sentinels = self.sentinels
+        assert sentinels is not None
+        with self._find_lock:
+            now = time.monotonic()
+            if now < self._trusted_until:
+                return self._address
+            try:
+                host, port = find_master(sentinels, min(self.timeout_s, SENTINEL_TIMEOUT_S))
+            except ConnectionError:
+                if self._doubted or not self._found_once:
+                    raise
+                # the sentinels are away but the master answered: keep it for now
+                self._trusted_until = now + SENTINEL_RECHECK_S
+                return self._address
+            address = sentinels.at(host, port)
+            if address != self._address:
+                # another node leads: nothing known of the old one holds for it
+                self._address = address
+                self.identity = None
+                self.loaded.clear()
+                idle, self.idle = self.idle, []
+                for conn in idle:  # blocking connections not in use; asyncio ones are
+                    conn.close()  # replaced on their loop (their address differs)
+            self._found_once = True
+            self._doubted = False
+            self._trusted_until = time.monotonic() + SENTINEL_RECHECK_S
+            return address
+
+    def moved(self) -> None:
+        """The node we talk to may no longer lead (Sentinel-managed masters only): the next
+        connection asks the sentinels again."""
+        if self.sentinels is not None:
+            self._trusted_until = 0.0
+            self._doubted = True
+            self.recheck = True
+
     def learned(self, identity: Identity | None) -> None:
         """A connection finished its handshake (``identity`` None when an ACL hides INFO)."""
         if identity is None:
+            return
+        if self.sentinels is not None and identity.role != "master":
+            self.moved()  # a demoted primary: not a vote of a replica, a stale address
             return
         self.recheck = False
         previous = self.identity
@@ -84,12 +161,14 @@ class Server:
         if timeout_s is not None:
             self.timeout_s = timeout_s
         self.recheck = True  # it may come back restarted: the next handshake says
+        self.moved()
         with self.lock:
             return self.health.failed(time.monotonic(), reason)
 
     def connection_failed(self) -> None:
         """A connection broke (refused, reset): the next one checks the identity again."""
         self.recheck = True
+        self.moved()
 
     def answered(self) -> None:
         if self.health.suspect:

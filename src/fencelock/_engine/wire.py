@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._core.effects import Replicated, Wait
 from .._scripts import BY_NAME, Script
 from .resp import ReplyError, bulks, command
 from .server import Server
@@ -55,8 +56,28 @@ def _numkeys(script: Script, keys: tuple[str, ...]) -> int:
     return len(keys) if script.variadic else script.numkeys
 
 
+def is_readonly(reply: object) -> bool:
+    """A write refused by a replica: a Sentinel-managed master was demoted under us."""
+    return isinstance(reply, ReplyError) and reply.kind == "READONLY"
+
+
 def is_noscript(reply: object) -> bool:
     return isinstance(reply, ReplyError) and reply.kind == "NOSCRIPT"
 
 
 PING = command("PING")
+
+
+def wait_tail(wait: Wait | None) -> tuple[bytes, int]:
+    """What follows a script call in its pipeline, and the replies the pipeline produces."""
+    if wait is None:
+        return b"", 1
+    return command("WAIT", wait.replicas, wait.timeout_ms), 2
+
+
+def answer(replies: list[object]) -> object:
+    """The vote material of a script call's replies: the bare reply, or with a trailing
+    ``WAIT`` both as a :class:`Replicated`."""
+    if len(replies) == 2:
+        return Replicated(replies[0], replies[1])
+    return replies[0]

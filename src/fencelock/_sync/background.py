@@ -280,8 +280,14 @@ class Background:
     def _start(
         self, server: Server, kind: type[_Job], payload: bytes, replies: int, *extra: Any
     ) -> None:
-        conn = Connection(server.address, identify=server.recheck)
         timeout = min(PROBE_TIMEOUT_S, max(0.05, server.timeout_s))
+        try:
+            address = server.address
+        except ConnectionError as exc:  # no sentinel named the master: the job failed
+            idle = Connection(server.last_address)  # never started: nothing to close
+            kind(server, idle, time.monotonic() + timeout, *extra).failed(exc)
+            return
+        conn = Connection(address, identify=server.recheck)
         job = kind(server, conn, time.monotonic() + timeout, *extra)
         try:
             conn.start(payload, replies)

@@ -37,7 +37,7 @@ from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import CALLS, PING, full_call, is_noscript
+from .._engine.wire import CALLS, PING, answer, full_call, is_noscript, is_readonly, wait_tail
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -50,31 +50,48 @@ STALE_CHECK_AFTER_S = 0.05
 
 
 def take(server: Server) -> Connection:
-    """An idle connection to ``server`` that the server has not closed, or a new one."""
+    """An idle connection to ``server`` that the server has not closed, or a new one.
+
+    Raises:
+        NoMaster: (a ConnectionError) no sentinel named a Sentinel-managed master.
+    """
+    address = server.address
     idle = server.idle
     while idle:
         try:
             conn: Connection = idle.pop()
         except IndexError:
             break
+        if conn.address != address:  # to a node that no longer leads
+            conn.close()
+            continue
         if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
             return conn
         conn.close()
         server.connection_failed()  # closed by the server: it may have restarted, so ask
-    return Connection(server.address, identify=server.recheck)
+    return Connection(address, identify=server.recheck)
 
 
 class _Call:
-    __slots__ = ("conn", "index", "payload", "retried", "script", "server")
+    __slots__ = ("conn", "index", "payload", "replies", "retried", "script", "server", "tail")
 
     def __init__(
-        self, index: int, server: Server, conn: Connection, script: Script | None, payload: bytes
+        self,
+        index: int,
+        server: Server,
+        conn: Connection,
+        script: Script | None,
+        payload: bytes,
+        tail: bytes = b"",
+        replies: int = 1,
     ) -> None:
         self.index = index
         self.server = server
         self.conn = conn
         self.script = script  # None for a bare handshake (Identify)
-        self.payload = payload
+        self.tail = tail  # sent after the script call (a WAIT), in the same pipeline
+        self.payload = payload + tail
+        self.replies = replies
         # a connection used before may have been closed by a restarted server meanwhile:
         # such a call is tried once more on a new connection
         self.retried = conn.fresh
@@ -209,6 +226,7 @@ class Driver:
     def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
+        tail, replies = wait_tail(effect.wait)
         try:
             skip = skip_suspects(tally, effect.targets, self._suspects())
             for index in effect.targets:
@@ -220,7 +238,13 @@ class Driver:
                 script, payload = self._calls.encode(
                     server, effect.script, effect.keys, effect.args
                 )
-                self._start(round_, _Call(index, server, take(server), script, payload))
+                try:
+                    conn = take(server)
+                except ConnectionError as exc:  # no sentinel named the master
+                    self._failed(server, exc)
+                    tally.record(index, *effect.classify(exc))
+                    continue
+                self._start(round_, _Call(index, server, conn, script, payload, tail, replies))
             self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
@@ -238,7 +262,13 @@ class Driver:
         try:
             for index in targets:
                 server = self.servers[index]
-                self._start(round_, _Call(index, server, take(server), None, PING))
+                try:
+                    conn = take(server)
+                except ConnectionError as exc:  # no sentinel named the master
+                    self._failed(server, exc)
+                    tally.record(index, *classify_handshake(exc))
+                    continue
+                self._start(round_, _Call(index, server, conn, None, PING))
             self._collect(round_, settle=True)
         finally:
             self._park(round_)
@@ -247,21 +277,29 @@ class Driver:
         """Send ``call`` (connecting if need be) and watch its connection."""
         conn = call.conn
         try:
-            conn.start(call.payload, 1)
+            conn.start(call.payload, call.replies)
             fd = conn.fileno()
             _selector().register(fd, conn.events())
         except Exception as exc:
             conn.close()
-            if retry_on_new_connection(call, exc):
-                call.retried = True
-                call.server.connection_failed()  # a restarted server: learn its new identity
-                call.conn = Connection(call.server.address, identify=call.server.recheck)
+            if retry_on_new_connection(call, exc) and self._reconnect(call):
                 self._start(round_, call)
                 return
             self._failed(call.server, exc)
             round_.effect.tally.record(call.index, *round_.effect.classify(exc))
             return
         round_.calls[fd] = call
+
+    def _reconnect(self, call: _Call) -> bool:
+        """Give ``call`` a new connection (its reused one was dead); False when there is no
+        address to connect to (no sentinel named the master)."""
+        call.retried = True
+        call.server.connection_failed()  # a restarted server: learn its new identity
+        try:
+            call.conn = Connection(call.server.address, identify=call.server.recheck)
+        except ConnectionError:
+            return False
+        return True
 
     def _collect(self, round_: _Round, *, settle: bool) -> None:
         """Read replies until the round may stop (``settle``: until every call answered) or
@@ -299,10 +337,11 @@ class Driver:
             del round_.calls[fd]
             selector.unregister(fd)
             conn.close()
-            if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
-                call.retried = True
-                call.server.connection_failed()  # a restarted server: learn its new identity
-                call.conn = Connection(call.server.address, identify=call.server.recheck)
+            if (
+                retry_on_new_connection(call, exc)
+                and time.monotonic() < round_.deadline
+                and self._reconnect(call)
+            ):
                 self._start(round_, call)
                 return
             self._failed(call.server, exc)
@@ -318,18 +357,20 @@ class Driver:
         if script is not None and is_noscript(reply):
             # flushed or restarted: run it in full on the same connection
             server.loaded.discard(script.sha)
-            call.payload = full_call(script, effect.keys, effect.args)
-            conn.start(call.payload, 1)
+            call.payload = full_call(script, effect.keys, effect.args) + call.tail
+            conn.start(call.payload, call.replies)
             selector.modify(fd, conn.events())
             return
         if script is not None:
             server.loaded.add(script.sha)
+        if is_readonly(reply):
+            server.moved()
         server.learned(conn.identity)
         server.answered()
         del round_.calls[fd]
         selector.unregister(fd)
         server.idle.append(conn)
-        effect.tally.record(call.index, *effect.classify(reply))
+        effect.tally.record(call.index, *effect.classify(answer(replies)))
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
@@ -368,7 +409,11 @@ class Driver:
             time.sleep(delay)
             return False
         server = self.servers[effect.wake[0]]
-        conn = take(server)
+        try:
+            conn = take(server)
+        except ConnectionError:  # no sentinel named the master: sleep instead
+            time.sleep(delay)
+            return False
         started = time.monotonic()
         try:
             replies = conn.call(
