@@ -17,10 +17,21 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..options import check_url, redact_url
-from .address import Address, from_client, from_url, is_client
+from .address import (
+    Address,
+    cluster_seed_from_client,
+    cluster_seed_from_url,
+    from_client,
+    from_url,
+    is_client,
+    is_cluster_client,
+    is_cluster_url,
+)
+from .cluster import ClusterServer
 from .server import Server
 
 _servers: dict[Address, Server] = {}
+_clusters: dict[Address, ClusterServer] = {}  # by seed node: a cluster is one server
 _by_url: dict[str, Server] = {}
 _by_client: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -35,11 +46,26 @@ def server_for_address(address: Address) -> Server:
         return server
 
 
+def cluster_for_seed(seed: Address) -> ClusterServer:
+    with _lock:
+        cluster = _clusters.get(seed)
+        if cluster is None:
+            cluster = _clusters[seed] = ClusterServer(seed)
+        return cluster
+
+
+def _is_spec(item: object) -> bool:
+    return is_client(item) or is_cluster_client(item)
+
+
 def _server_for(spec: object) -> Server:
     if isinstance(spec, str):
         server = _by_url.get(spec)
         if server is None:
-            server = server_for_address(from_url(spec))
+            if is_cluster_url(spec):
+                server = cluster_for_seed(cluster_seed_from_url(spec))
+            else:
+                server = server_for_address(from_url(spec))
             _by_url[spec] = server
         return server
     try:
@@ -47,7 +73,10 @@ def _server_for(spec: object) -> Server:
     except TypeError:  # not weak-referenceable: not a client we know
         server = None
     if server is None:
-        server = server_for_address(from_client(spec))
+        if is_cluster_client(spec):
+            server = cluster_for_seed(cluster_seed_from_client(spec))
+        else:
+            server = server_for_address(from_client(spec))
         with contextlib.suppress(TypeError):
             _by_client[spec] = server
     return server
@@ -55,6 +84,7 @@ def _server_for(spec: object) -> Server:
 
 def resolve(servers: object) -> tuple[Server, ...]:
     """One server spec (URL or client) or a sequence of them -> their Servers, in order.
+    A cluster (``redis+cluster://`` URL or a cluster client) is one Server.
 
     Raises :class:`ConfigError` for an empty list, a wrong type, a malformed URL, or the same
     address given twice (the same server under two names is caught by ``run_id`` later).
@@ -64,7 +94,7 @@ def resolve(servers: object) -> tuple[Server, ...]:
         if known is not None:
             return (known,)
     items: Sequence[object]
-    if isinstance(servers, str) or is_client(servers):
+    if isinstance(servers, str) or _is_spec(servers):
         items = (servers,)
     elif isinstance(servers, Sequence):
         items = servers
@@ -78,9 +108,9 @@ def resolve(servers: object) -> tuple[Server, ...]:
     result: list[Server] = []
     for item in items:
         if isinstance(item, str):
-            if item not in _by_url:
+            if item not in _by_url and not is_cluster_url(item):
                 check_url(item)
-        elif not is_client(item):
+        elif not _is_spec(item):
             raise ConfigError(
                 f"each server must be a URL or a redis client, not {type(item).__name__}"
             )
@@ -122,7 +152,7 @@ def on_fork(hook: Callable[[], None]) -> None:
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
-    for server in _servers.values():
+    for server in [*_servers.values(), *_clusters.values()]:
         for conn in server.forget_connections():
             with contextlib.suppress(Exception):
                 conn.close()  # closes our fd only: the parent's socket stays open

@@ -33,6 +33,7 @@ from .._core.effects import (
 from .._core.health import skip_suspects
 from .._core.quorum import Tally
 from .._core.replies import classify_handshake
+from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, command
@@ -65,16 +66,29 @@ def take(server: Server) -> Connection:
 
 
 class _Call:
-    __slots__ = ("conn", "index", "payload", "retried", "script", "server")
+    __slots__ = (
+        "conn", "hops", "index", "mapping", "node", "payload", "replies", "retried", "script",
+        "server",
+    )  # fmt: skip
 
     def __init__(
-        self, index: int, server: Server, conn: Connection, script: Script | None, payload: bytes
+        self,
+        index: int,
+        server: Server,
+        conn: Connection,
+        script: Script | None,
+        payload: bytes,
+        node: Server | None = None,
     ) -> None:
         self.index = index
-        self.server = server
+        self.server = server  # the vote
+        self.node = server if node is None else node  # whose connection carries it
         self.conn = conn
         self.script = script  # None for a bare handshake (Identify)
         self.payload = payload
+        self.replies = 1  # the payload's replies: the call's own is the last
+        self.mapping = False  # the payload starts with the cluster's slot map request
+        self.hops = 0  # cluster redirects followed
         # a connection used before may have been closed by a restarted server meanwhile:
         # such a call is tried once more on a new connection
         self.retried = conn.fresh
@@ -217,10 +231,13 @@ class Driver:
                     reason = NotSent(f"suspect: {server.health.reason}")
                     tally.record(index, *effect.classify(reason))
                     continue
-                script, payload = self._calls.encode(
-                    server, effect.script, effect.keys, effect.args
-                )
-                self._start(round_, _Call(index, server, take(server), script, payload))
+                node = server.route(effect.keys)
+                script, payload = self._calls.encode(node, effect.script, effect.keys, effect.args)
+                call = _Call(index, server, take(node), script, payload, node)
+                if server.wants_map():
+                    call.mapping, call.replies = True, 2
+                    call.payload = MAP_REQUEST + payload
+                self._start(round_, call)
             self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
@@ -238,7 +255,8 @@ class Driver:
         try:
             for index in targets:
                 server = self.servers[index]
-                self._start(round_, _Call(index, server, take(server), None, PING))
+                node = server.route(())
+                self._start(round_, _Call(index, server, take(node), None, PING, node))
             self._collect(round_, settle=True)
         finally:
             self._park(round_)
@@ -247,16 +265,18 @@ class Driver:
         """Send ``call`` (connecting if need be) and watch its connection."""
         conn = call.conn
         try:
-            conn.start(call.payload, 1)
+            conn.start(call.payload, call.replies)
             fd = conn.fileno()
             _selector().register(fd, conn.events())
         except Exception as exc:
             conn.close()
             if retry_on_new_connection(call, exc):
                 call.retried = True
-                call.server.connection_failed()  # a restarted server: learn its new identity
-                call.conn = Connection(call.server.address, identify=call.server.recheck)
+                call.node.connection_failed()  # a restarted server: learn its new identity
+                call.conn = Connection(call.node.address, identify=call.node.recheck)
                 self._start(round_, call)
+                return
+            if self._elsewhere(round_, call, exc):
                 return
             self._failed(call.server, exc)
             round_.effect.tally.record(call.index, *round_.effect.classify(exc))
@@ -286,6 +306,7 @@ class Driver:
                 selector.unregister(fd)
                 call.conn.close()
                 exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
+                call.server.node_failed(call.node)
                 self._failed(call.server, exc)
                 tally.record(call.index, *effect.classify(exc))
 
@@ -301,9 +322,11 @@ class Driver:
             conn.close()
             if retry_on_new_connection(call, exc) and time.monotonic() < round_.deadline:
                 call.retried = True
-                call.server.connection_failed()  # a restarted server: learn its new identity
-                call.conn = Connection(call.server.address, identify=call.server.recheck)
+                call.node.connection_failed()  # a restarted server: learn its new identity
+                call.conn = Connection(call.node.address, identify=call.node.recheck)
                 self._start(round_, call)
+                return
+            if self._elsewhere(round_, call, exc):
                 return
             self._failed(call.server, exc)
             effect.tally.record(call.index, *effect.classify(exc))
@@ -313,23 +336,78 @@ class Driver:
             return
         call.retried = True  # it answered: a later failure is not a stale connection's
         server = call.server
-        reply = replies[0]
+        node = call.node
+        reply = replies[-1]
+        if call.mapping:
+            server.learn_map(replies[0])
         script = call.script
+        asking = call.replies - call.mapping > 1
         if script is not None and is_noscript(reply):
             # flushed or restarted: run it in full on the same connection
-            server.loaded.discard(script.sha)
+            node.loaded.discard(script.sha)
             call.payload = full_call(script, effect.keys, effect.args)
-            conn.start(call.payload, 1)
+            call.mapping, call.replies = False, 1
+            if asking:  # ASKING holds for one command only
+                call.payload, call.replies = ASKING + call.payload, 2
+            conn.start(call.payload, call.replies)
             selector.modify(fd, conn.events())
             return
-        if script is not None:
-            server.loaded.add(script.sha)
-        server.learned(conn.identity)
-        server.answered()
+        redirect = server.redirected(reply) if script is not None else None
+        node.learned(conn.identity)
         del round_.calls[fd]
         selector.unregister(fd)
-        server.idle.append(conn)
+        node.idle.append(conn)
+        if (
+            redirect is not None
+            and call.hops < MAX_HOPS
+            and time.monotonic() < round_.deadline
+        ):
+            self._send_to(round_, call, redirect[0], asking=redirect[1])
+            return
+        if script is not None:
+            node.loaded.add(script.sha)
+        if node is not server:
+            server.learned(conn.identity)
+            server.node_answered(node)
+        server.answered()
         effect.tally.record(call.index, *effect.classify(reply))
+
+    def _send_to(self, round_: _Round, call: _Call, node: Server, *, asking: bool) -> None:
+        """Send ``call`` again, to ``node`` (a cluster's redirect, or another node after a
+        failure): one more hop; the slot map is asked for too when it is stale."""
+        effect = round_.effect
+        call.hops += 1
+        call.node = node
+        call.conn = take(node)
+        call.retried = call.conn.fresh
+        if call.script is None:
+            payload = PING
+        else:
+            call.script, payload = self._calls.encode(
+                node, effect.script, effect.keys, effect.args
+            )
+        call.mapping = call.server.wants_map()
+        call.replies = 1 + call.mapping + asking
+        call.payload = (MAP_REQUEST if call.mapping else b"") + (ASKING if asking else b"")
+        call.payload += payload
+        self._start(round_, call)
+
+    def _elsewhere(self, round_: _Round, call: _Call, exc: BaseException) -> bool:
+        """A cluster node could not be reached: try the call on another node (which knows
+        where the slot lives now), within the hops and the round's budget. True if sent."""
+        server = call.server
+        if (
+            not server.is_cluster
+            or call.hops >= MAX_HOPS
+            or not isinstance(exc, OSError)
+            or isinstance(exc, HandshakeError)
+            or time.monotonic() >= round_.deadline
+        ):
+            return False
+        server.node_failed(call.node)
+        call.node.connection_failed()
+        self._send_to(round_, call, server.route(round_.effect.keys), asking=False)
+        return True
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
@@ -340,7 +418,7 @@ class Driver:
             with contextlib.suppress(KeyError, ValueError):
                 selector.unregister(fd)
             background().adopt(
-                call.server,
+                call.node,
                 call.conn,
                 suspect_at=round_.deadline,
                 script=effect.script,
@@ -368,7 +446,8 @@ class Driver:
             time.sleep(delay)
             return False
         server = self.servers[effect.wake[0]]
-        conn = take(server)
+        node = server.route((effect.wake[1],))
+        conn = take(node)
         started = time.monotonic()
         try:
             replies = conn.call(
@@ -381,7 +460,7 @@ class Driver:
             if rest > 0:
                 time.sleep(rest)
             return False
-        server.idle.append(conn)
+        node.idle.append(conn)
         reply = replies[0]
         if isinstance(reply, ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
             rest = delay - (time.monotonic() - started)
