@@ -60,6 +60,7 @@ class ClusterNode(Server):
             "--cluster-node-timeout", str(node_timeout_ms),
             "--cluster-config-file", f"nodes-{port}.conf",
             "--cluster-require-full-coverage", "no",
+            "--repl-diskless-sync-delay", "0",  # a new replica syncs at once, not after 5 s
             *kwargs.pop("extra_args", ()),
         )  # fmt: skip
         super().__init__(binary, port=port, extra_args=extra, **kwargs)
@@ -178,8 +179,9 @@ class Cluster:
         raise ServerError(f"no node of this cluster on port {port}")
 
     def wait_ok(self, timeout: float = 30.0) -> None:
-        """Wait until every running node says ``cluster_state:ok`` and all of them see the
-        same slot owners and every slot covered.
+        """Wait until every running node says ``cluster_state:ok``, all of them see the
+        same slot owners and every slot covered, and every replica's link to its primary is up
+        (its first sync done: writes from now on reach it).
 
         Raises:
             ServerError: not within ``timeout`` seconds.
@@ -198,13 +200,16 @@ class Cluster:
                         if "cluster_state:ok" not in text:
                             raise ServerError(f"{node.port}: not ok yet")
                         ranges = client.execute_command("CLUSTER", "SLOTS")
+                        replication = _text(client.execute_command("INFO", "replication"))
+                    if "role:slave" in replication and "master_link_status:up" not in replication:
+                        raise ServerError(f"{node.port}: the replica is not in sync yet")
                     covered = sum(int(e[1]) - int(e[0]) + 1 for e in ranges)
                     if covered != SLOTS:
                         raise ServerError(f"{node.port}: {covered} slots covered")
                     views.append(sorted((int(e[0]), int(e[1]), int(e[2][1])) for e in ranges))
                 if views and all(view == views[0] for view in views):
                     return
-                last = "nodes disagree on the slot map"
+                last = f"nodes disagree on the slot map: {views}"
             except (ServerError, redis.RedisError, OSError) as exc:
                 last = str(exc)
             if time.monotonic() >= deadline:
@@ -308,9 +313,7 @@ class Cluster:
                 keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, keys_per_batch)
                 if not keys:
                     return moved
-                src.execute_command(
-                    "MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys
-                )
+                src.execute_command("MIGRATE", target.host, target.port, "", 0, 5000, "KEYS", *keys)
                 moved += len(keys)
 
     def finish_move(self, slot: int, target: ClusterNode) -> None:

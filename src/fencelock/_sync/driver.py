@@ -357,11 +357,7 @@ class Driver:
         del round_.calls[fd]
         selector.unregister(fd)
         node.idle.append(conn)
-        if (
-            redirect is not None
-            and call.hops < MAX_HOPS
-            and time.monotonic() < round_.deadline
-        ):
+        if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < round_.deadline:
             self._send_to(round_, call, redirect[0], asking=redirect[1])
             return
         if script is not None:
@@ -383,9 +379,7 @@ class Driver:
         if call.script is None:
             payload = PING
         else:
-            call.script, payload = self._calls.encode(
-                node, effect.script, effect.keys, effect.args
-            )
+            call.script, payload = self._calls.encode(node, effect.script, effect.keys, effect.args)
         call.mapping = call.server.wants_map()
         call.replies = 1 + call.mapping + asking
         call.payload = (MAP_REQUEST if call.mapping else b"") + (ASKING if asking else b"")

@@ -1,0 +1,368 @@
+"""A Redis/Valkey Cluster as one server, on a real local cluster (3 primaries + 3 replicas):
+calls are routed by slot, MOVED/ASK are followed during a reshard, and a primary killed mid-hold
+with its replica promoted costs at most the lease, never a hang or a silent double grant."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import fencelock.asyncio as aio
+from fencelock import Client, ConfigError, Lock, LockLost
+from fencelock._core.keys import lock_keys
+from fencelock._engine.cluster import key_slot
+from fencelock._engine.registry import resolve
+from fencelock.cluster_servers import Cluster, ClusterNode
+
+#: A bound on anything that must not hang (generous: the machine is shared).
+BOUND_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def cluster(fencelock_server_binary: str) -> Iterator[Cluster]:
+    """Shared by the tests that change nothing but keys."""
+    with Cluster(binary=fencelock_server_binary) as c:
+        yield c
+
+
+@pytest.fixture
+def own_cluster(fencelock_server_binary: str) -> Iterator[Cluster]:
+    """A cluster of the test's own, for reshards and kills."""
+    with Cluster(binary=fencelock_server_binary) as c:
+        yield c
+
+
+def _slot(name: str) -> int:
+    return key_slot(lock_keys(name).lock)
+
+
+def _names_on_every_primary(cluster: Cluster, per_primary: int = 3) -> list[str]:
+    """Lock names whose slots are spread over every primary (by the cluster's own map)."""
+    owners: dict[int, list[str]] = {}
+    for i in range(2000):
+        name = f"spread:{i}"
+        port = cluster.owner(_slot(name)).port
+        bucket = owners.setdefault(port, [])
+        if len(bucket) < per_primary:
+            bucket.append(name)
+        if len(owners) == cluster.primaries and all(
+            len(b) == per_primary for b in owners.values()
+        ):
+            break
+    assert len(owners) == cluster.primaries
+    return [name for bucket in owners.values() for name in bucket]
+
+
+def _node_client(node: ClusterNode) -> redis.Redis:
+    return node.client()
+
+
+def _holder_on(cluster: Cluster, name: str) -> bytes | None:
+    """The lock key's value, read on the primary that owns its slot now."""
+    with contextlib.closing(_node_client(cluster.owner(_slot(name)))) as client:
+        value = client.get(lock_keys(name).lock)
+    return value if isinstance(value, bytes) else None
+
+
+# ---- addresses and configuration -----------------------------------------------------------
+
+
+def test_a_cluster_url_and_a_cluster_client_are_one_server_each(cluster: Cluster) -> None:
+    node = cluster.nodes[0]
+    rc = cluster.client()
+    try:
+        (by_url,) = resolve(cluster.url)
+        (by_client,) = resolve(rc)
+        assert by_url.is_cluster and by_client.is_cluster
+        assert by_url is by_client  # the same seed node: the same cluster
+        assert by_url.name == f"cluster:{node.host}:{node.port}"
+    finally:
+        rc.close()
+
+
+def test_a_cluster_url_with_a_database_is_refused_before_any_io() -> None:
+    with pytest.raises(ConfigError, match="only database 0"):
+        Lock("redis+cluster://127.0.0.1:1/3", "k")
+
+
+# ---- routing -------------------------------------------------------------------------------
+
+
+def test_locks_on_keys_of_every_primary_land_on_the_owner_of_their_slot(cluster: Cluster) -> None:
+    names = _names_on_every_primary(cluster)
+    with Client(cluster.url, ttl=30.0) as client:
+        leases = [client.lock(name).acquire(wait=0) for name in names]
+        try:
+            for name, lease in zip(names, leases, strict=True):
+                assert _holder_on(cluster, name) == lease.token.encode()
+                assert client.lock(name).try_acquire() is None  # held: refused
+        finally:
+            for lease in leases:
+                lease.release()
+        for name in names:
+            assert _holder_on(cluster, name) is None
+
+
+def test_a_redis_py_cluster_client_works_as_the_server(cluster: Cluster) -> None:
+    rc = cluster.client()
+    try:
+        names = _names_on_every_primary(cluster, per_primary=1)
+        for name in names:
+            lock = Lock(rc, name, ttl=10.0)
+            lease = lock.acquire(wait=0)
+            assert rc.get(lock_keys(name).lock) == lease.token.encode()
+            again = Lock(rc, name, ttl=10.0)
+            assert again.try_acquire() is None
+            lease.release()
+            assert rc.get(lock_keys(name).lock) is None
+    finally:
+        rc.close()
+
+
+def test_many_asyncio_tasks_lock_keys_in_many_slots(cluster: Cluster) -> None:
+    names = [f"tasks:{i}" for i in range(60)]
+    assert len({cluster.owner(_slot(n)).port for n in names}) == cluster.primaries
+
+    async def scenario() -> list[int]:
+        async with aio.Client(cluster.url, ttl=10.0) as client:
+
+            async def one(name: str) -> int:
+                lease = await client.lock(name).acquire(wait=0)
+                assert await client.lock(name).try_acquire() is None
+                assert _holder_on(cluster, name) == lease.token.encode()
+                await lease.release()
+                return lease.fence
+
+            return await asyncio.gather(*(one(n) for n in names))
+
+    fences = asyncio.run(asyncio.wait_for(scenario(), BOUND_S * 2))
+    assert len(fences) == len(names)
+    for name in names:
+        assert _holder_on(cluster, name) is None
+
+
+def test_an_asyncio_cluster_client_works_as_the_server(cluster: Cluster) -> None:
+    import redis.asyncio.cluster
+
+    node = cluster.nodes[1]
+
+    async def scenario() -> tuple[bool, bool]:
+        rc = redis.asyncio.cluster.RedisCluster(host=node.host, port=node.port)
+        try:
+            lock = aio.Lock(rc, "async-client", ttl=10.0)
+            lease = await lock.acquire(wait=0)
+            held = await rc.get(lock_keys("async-client").lock) == lease.token.encode()
+            refused = await aio.Lock(rc, "async-client", ttl=10.0).try_acquire() is None
+            await lease.release()
+            return held, refused
+        finally:
+            await rc.aclose()
+
+    assert asyncio.run(scenario()) == (True, True)
+
+
+def test_mutual_exclusion_between_two_clients_of_one_cluster(cluster: Cluster) -> None:
+    """Two Clients (one by URL through node 0, one by a RedisCluster client through node 2):
+    while one holds a key, the other is refused; after the release, the other gets it."""
+    rc = redis.cluster.RedisCluster(host=cluster.nodes[2].host, port=cluster.nodes[2].port)
+    a = Client(cluster.url, ttl=10.0)
+    b = Client(rc, ttl=10.0)
+    try:
+        for name in _names_on_every_primary(cluster, per_primary=1):
+            lease = a.lock(name).acquire(wait=0)
+            assert b.lock(name).try_acquire() is None
+            lease.release()
+            other = b.lock(name).acquire(wait=0)
+            assert other.fence > lease.fence
+            assert a.lock(name).try_acquire() is None
+            other.release()
+    finally:
+        a.close()
+        b.close()
+        rc.close()
+
+
+def test_redlock_over_three_independent_clusters(fencelock_server_binary: str) -> None:
+    with contextlib.ExitStack() as stack:
+        clusters = [
+            stack.enter_context(Cluster(2, 0, binary=fencelock_server_binary)) for _ in range(3)
+        ]
+        urls = [c.url for c in clusters]
+        lock = Lock(urls, "redlock-of-clusters", ttl=10.0)
+        lease = lock.acquire(wait=0)
+        for c in clusters:
+            assert _holder_on(c, "redlock-of-clusters") == lease.token.encode()
+        assert Lock(urls, "redlock-of-clusters", ttl=10.0).try_acquire() is None
+        lease.release()
+        for c in clusters:
+            assert _holder_on(c, "redlock-of-clusters") is None
+
+
+# ---- resharding ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sync", "asyncio"])
+def test_a_held_lock_follows_its_slot_through_a_reshard(own_cluster: Cluster, engine: str) -> None:
+    """Mid-migration (keys moved, slot still MIGRATING/IMPORTING) the source answers ASK; after
+    SETSLOT NODE it answers MOVED: extend and release follow both, and the key moved."""
+    cluster = own_cluster
+    name = f"reshard-{engine}"
+    slot = _slot(name)
+    source = cluster.owner(slot)
+    target = next(n for n in cluster.nodes[: cluster.primaries] if n is not source)
+
+    def start_migration() -> None:
+        with (
+            contextlib.closing(_node_client(source)) as src,
+            contextlib.closing(_node_client(target)) as dst,
+        ):
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+        assert cluster.migrate_keys(slot, source, target) >= 1
+
+    def on(node: ClusterNode) -> bytes | None:
+        with contextlib.closing(_node_client(node)) as client:
+            # ASKING lets the importing node answer for the slot before it owns it
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command("ASKING")
+            pipe.execute_command("GET", lock_keys(name).lock)
+            try:
+                value = pipe.execute()[1]
+            except redis.ResponseError:
+                return None
+        return value if isinstance(value, bytes) else None
+
+    if engine == "sync":
+        with Client(cluster.url, ttl=10.0) as client:
+            lease = client.lock(name).acquire(wait=0)
+            start_migration()
+            lease.extend(20.0)  # ASK: the keys are on the target already
+            assert lease.remaining() > 10.0
+            cluster.finish_move(slot, target)
+            lease.extend(20.0)  # MOVED: the target owns the slot now
+            assert on(target) == lease.token.encode()
+            lease.release()
+            assert on(target) is None
+            again = client.lock(name).acquire(wait=0)
+            assert again.fence > lease.fence
+            again.release()
+    else:
+
+        async def scenario() -> None:
+            async with aio.Client(cluster.url, ttl=10.0) as client:
+                lease = await client.lock(name).acquire(wait=0)
+                await asyncio.to_thread(start_migration)
+                await lease.extend(20.0)
+                assert lease.remaining() > 10.0
+                await asyncio.to_thread(cluster.finish_move, slot, target)
+                await lease.extend(20.0)
+                assert on(target) == lease.token.encode()
+                await lease.release()
+                assert on(target) is None
+                again = await client.lock(name).acquire(wait=0)
+                assert again.fence > lease.fence
+                await again.release()
+
+        asyncio.run(asyncio.wait_for(scenario(), BOUND_S * 2))
+    assert cluster.owner(slot) is target
+
+
+# ---- failover ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sync", "asyncio"])
+def test_a_primary_killed_mid_hold_costs_at_most_the_lease(
+    own_cluster: Cluster, engine: str
+) -> None:
+    """SIGKILL the primary of a held lock's slot, promote its replica: the extend either keeps
+    the lease or reports it lost (never hangs past a bound), a second client is refused while
+    the lease is kept, and new acquires work after."""
+    cluster = own_cluster
+    name = f"failover-{engine}"
+    slot = _slot(name)
+    primary = cluster.owner(slot)
+    replica = cluster.replicas_of(primary)[0]
+
+    def kill_and_promote() -> None:
+        with contextlib.closing(_node_client(primary)) as client:
+            client.execute_command("WAIT", 1, 2000)  # the grant reached the replica
+        primary.kill()  # SIGKILL by PID
+        cluster.promote(replica)
+
+    if engine == "sync":
+        with Client(cluster.url, ttl=10.0) as a, Client(cluster.url, ttl=10.0) as b:
+            lease = a.lock(name).acquire(wait=0)
+            kill_and_promote()
+            started = time.monotonic()
+            kept = True
+            try:
+                lease.extend(10.0)
+            except LockLost:
+                kept = False
+            assert time.monotonic() - started < BOUND_S
+            assert kept, "the grant was replicated before the kill: the promoted replica has it"
+            assert b.lock(name).try_acquire() is None
+            lease.release()
+            started = time.monotonic()
+            after = b.lock(name).acquire(wait=5.0)
+            assert time.monotonic() - started < BOUND_S
+            assert after.fence > lease.fence
+            assert _holder_on(cluster, name) == after.token.encode()
+            after.release()
+    else:
+
+        async def scenario() -> None:
+            async with aio.Client(cluster.url, ttl=10.0) as a, aio.Client(cluster.url) as b:
+                lease = await a.lock(name).acquire(wait=0)
+                await asyncio.to_thread(kill_and_promote)
+                await lease.extend(10.0)
+                assert await b.lock(name).try_acquire() is None
+                await lease.release()
+                after = await b.lock(name).acquire(wait=5.0)
+                assert after.fence > lease.fence
+                await after.release()
+
+        asyncio.run(asyncio.wait_for(scenario(), BOUND_S * 2))
+    assert cluster.owner(slot) is replica
+
+
+def test_an_unreplicated_grant_lost_in_a_failover_is_caught_by_the_fence(
+    own_cluster: Cluster,
+) -> None:
+    """The replica's link is cut (it is paused and its primary drops it), so A's grant never
+    reaches it; the primary is killed and the replica promoted. The promoted primary grants the
+    lock to B while A still holds its lease (the double grant of asynchronous replication),
+    but B's fence is larger than A's (the TIME floor), so a fenced store refuses A's writes after
+    B's; A's next extend reports the lease lost; nothing hangs."""
+    cluster = own_cluster
+    name = "unreplicated"
+    slot = _slot(name)
+    primary = cluster.owner(slot)
+    replica = cluster.replicas_of(primary)[0]
+    with Client(cluster.url, ttl=10.0) as a, Client(cluster.url, ttl=10.0) as b:
+        warm = a.lock(name).acquire(wait=0)  # the fence register reaches the replica
+        warm.release()
+        replica.pause()
+        try:
+            with contextlib.closing(_node_client(primary)) as client:
+                client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            lease = a.lock(name).acquire(wait=0)
+            primary.kill()
+        finally:
+            replica.resume()
+        cluster.promote(replica)
+        started = time.monotonic()
+        other = b.lock(name).acquire(wait=5.0)  # granted again: the promoted node never saw A
+        assert time.monotonic() - started < BOUND_S
+        assert lease.remaining() > 0  # A still believes it holds: a double grant...
+        assert other.fence > lease.fence  # ...that the fence orders: A's writes are refused
+        started = time.monotonic()
+        with pytest.raises(LockLost):
+            lease.extend(10.0)
+        assert time.monotonic() - started < BOUND_S
+        other.release()
