@@ -50,9 +50,7 @@ def _names_on_every_primary(cluster: Cluster, per_primary: int = 3) -> list[str]
         bucket = owners.setdefault(port, [])
         if len(bucket) < per_primary:
             bucket.append(name)
-        if len(owners) == cluster.primaries and all(
-            len(b) == per_primary for b in owners.values()
-        ):
+        if len(owners) == cluster.primaries and all(len(b) == per_primary for b in owners.values()):
             break
     assert len(owners) == cluster.primaries
     return [name for bucket in owners.values() for name in bucket]
@@ -91,6 +89,14 @@ def test_a_cluster_url_with_a_database_is_refused_before_any_io() -> None:
 
 
 # ---- routing -------------------------------------------------------------------------------
+
+
+def test_the_slot_computed_here_is_the_servers(cluster: Cluster) -> None:
+    names = ["orders:42", "}abc", "{abc", "a{b}c", "x}y{z}", "", "é", *(f"n{i}" for i in range(50))]
+    with contextlib.closing(_node_client(cluster.nodes[0])) as client:
+        for name in names:
+            for key in lock_keys(name or "-").script_keys:
+                assert key_slot(key) == int(client.execute_command("CLUSTER", "KEYSLOT", key))
 
 
 def test_locks_on_keys_of_every_primary_land_on_the_owner_of_their_slot(cluster: Cluster) -> None:
