@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import fencelock.asyncio as aio
-from fencelock import Client, ConfigError, Lock, LockLost
+from fencelock import Client, ConfigError, Lock, LockLost, Unavailable
 from fencelock._core.keys import lock_keys
 from fencelock._engine.cluster import key_slot
 from fencelock._engine.registry import resolve
@@ -372,3 +372,37 @@ def test_an_unreplicated_grant_lost_in_a_failover_is_caught_by_the_fence(
             lease.extend(10.0)
         assert time.monotonic() - started < BOUND_S
         other.release()
+
+
+def test_a_hung_primary_costs_its_slots_a_bounded_wait_and_the_others_nothing(
+    own_cluster: Cluster,
+) -> None:
+    """SIGSTOP the primary of one lock's slot: acquiring that lock fails within a bound
+    (Unavailable: the cluster's one vote timed out), a lock in another primary's slots is
+    still granted, and once the primary resumes the first lock is granted again."""
+    cluster = own_cluster
+    names = _names_on_every_primary(cluster, per_primary=1)
+    hung_name = names[0]
+    hung = cluster.owner(_slot(hung_name))
+    other_name = next(n for n in names if cluster.owner(_slot(n)) is not hung)
+    with Client(cluster.url, ttl=10.0, server_timeout=0.3) as client:
+        client.lock(hung_name).acquire(wait=0).release()  # the map is known
+        hung.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(Unavailable):
+                client.lock(hung_name).acquire(wait=0)
+            assert time.monotonic() - started < BOUND_S
+            deadline = time.monotonic() + BOUND_S
+            while True:  # the cluster was suspect; the background probe clears it (bounded)
+                try:
+                    lease = client.lock(other_name).acquire(wait=0)
+                    break
+                except Unavailable:
+                    assert time.monotonic() < deadline, "another primary's lock never worked"
+                    time.sleep(0.05)
+            lease.release()
+        finally:
+            hung.resume()
+        lease = client.lock(hung_name).acquire(wait=5.0)
+        lease.release()
