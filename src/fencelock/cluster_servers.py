@@ -178,10 +178,11 @@ class Cluster:
                 return node
         raise ServerError(f"no node of this cluster on port {port}")
 
-    def wait_ok(self, timeout: float = 30.0) -> None:
+    def wait_ok(self, timeout: float = 30.0, *, replicas: int = 0) -> None:
         """Wait until every running node says ``cluster_state:ok``, all of them see the
         same slot owners and every slot covered, and every replica's link to its primary is up
-        (its first sync done: writes from now on reach it).
+        (its first sync done: writes from now on reach it); with ``replicas``, also that every
+        node lists at least that many replicas of each slot range.
 
         Raises:
             ServerError: not within ``timeout`` seconds.
@@ -203,6 +204,8 @@ class Cluster:
                         replication = _text(client.execute_command("INFO", "replication"))
                     if "role:slave" in replication and "master_link_status:up" not in replication:
                         raise ServerError(f"{node.port}: the replica is not in sync yet")
+                    if any(len(e) - 3 < replicas for e in ranges):
+                        raise ServerError(f"{node.port}: does not list every replica yet")
                     covered = sum(int(e[1]) - int(e[0]) + 1 for e in ranges)
                     if covered != SLOTS:
                         raise ServerError(f"{node.port}: {covered} slots covered")
@@ -269,7 +272,7 @@ class Cluster:
         finally:
             for client in clients:
                 client.close()
-        self.wait_ok(max(0.1, deadline - time.monotonic()))
+        self.wait_ok(max(0.1, deadline - time.monotonic()), replicas=self.replicas_per_primary)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every node (by PID), even if some fail.

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
 import fencelock.asyncio as aio
-from fencelock import Client, ConfigError, Lock, LockLost, Unavailable
+from fencelock import Client, ConfigError, Lock, LockLost, Unavailable, cli
 from fencelock._core.keys import lock_keys
 from fencelock._engine.cluster import key_slot
 from fencelock._engine.registry import resolve
 from fencelock.cluster_servers import Cluster, ClusterNode
+from fencelock.servers import Server
 
 #: A bound on anything that must not hang (generous: the machine is shared).
 BOUND_S = 15.0
@@ -281,6 +284,16 @@ def test_a_held_lock_follows_its_slot_through_a_reshard(own_cluster: Cluster, en
 # ---- failover ------------------------------------------------------------------------------
 
 
+def _wait_replicated(replica: ClusterNode, name: str, token: str) -> None:
+    """Until the replica has the grant (bounded): the kill then tests failover, not luck."""
+    deadline = time.monotonic() + BOUND_S
+    with contextlib.closing(_node_client(replica)) as client:
+        client.execute_command("READONLY")
+        while client.get(lock_keys(name).lock) != token.encode():
+            assert time.monotonic() < deadline, "the grant never reached the replica"
+            time.sleep(0.01)
+
+
 @pytest.mark.parametrize("engine", ["sync", "asyncio"])
 def test_a_primary_killed_mid_hold_costs_at_most_the_lease(
     own_cluster: Cluster, engine: str
@@ -294,16 +307,15 @@ def test_a_primary_killed_mid_hold_costs_at_most_the_lease(
     primary = cluster.owner(slot)
     replica = cluster.replicas_of(primary)[0]
 
-    def kill_and_promote() -> None:
-        with contextlib.closing(_node_client(primary)) as client:
-            client.execute_command("WAIT", 1, 2000)  # the grant reached the replica
+    def kill_and_promote(token: str) -> None:
+        _wait_replicated(replica, name, token)
         primary.kill()  # SIGKILL by PID
         cluster.promote(replica)
 
     if engine == "sync":
         with Client(cluster.url, ttl=10.0) as a, Client(cluster.url, ttl=10.0) as b:
             lease = a.lock(name).acquire(wait=0)
-            kill_and_promote()
+            kill_and_promote(lease.token)
             started = time.monotonic()
             kept = True
             try:
@@ -325,7 +337,7 @@ def test_a_primary_killed_mid_hold_costs_at_most_the_lease(
         async def scenario() -> None:
             async with aio.Client(cluster.url, ttl=10.0) as a, aio.Client(cluster.url) as b:
                 lease = await a.lock(name).acquire(wait=0)
-                await asyncio.to_thread(kill_and_promote)
+                await asyncio.to_thread(kill_and_promote, lease.token)
                 await lease.extend(10.0)
                 assert await b.lock(name).try_acquire() is None
                 await lease.release()
@@ -406,3 +418,54 @@ def test_a_hung_primary_costs_its_slots_a_bounded_wait_and_the_others_nothing(
             hung.resume()
         lease = client.lock(hung_name).acquire(wait=5.0)
         lease.release()
+
+
+# ---- doctor --------------------------------------------------------------------------------
+
+
+def _doctor(capsys: pytest.CaptureFixture[str], url: str) -> tuple[int, dict[str, Any]]:
+    code = cli.main(["doctor", "--json", "--server", url])
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return code, report
+
+
+def _check_named(report: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in report["checks"] if c["name"] == name]
+    return dict(found)
+
+
+def test_doctor_reports_a_healthy_cluster_by_its_primaries_and_exits_0(
+    fencelock_server_binary: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Cluster(3, 1, binary=fencelock_server_binary, persistence="aof-always") as c:
+        code, report = _doctor(capsys, c.url)
+        primaries = {f"127.0.0.1:{n.port}/0" for n in c.nodes[: c.primaries]}
+    assert [x for x in report["checks"] if not x["ok"]] == []
+    assert code == 0
+    assert {row["server"] for row in report["servers"]} == primaries
+    assert all(row["role"] == "master" for row in report["servers"])
+    cluster_check = _check_named(report, "cluster")
+    assert "3 primaries, 3 replicas, 16384 of 16384 slots" in cluster_check["detail"]
+
+
+def test_doctor_warns_of_a_primary_without_replica(
+    fencelock_server_binary: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Cluster(2, 0, binary=fencelock_server_binary, persistence="aof-always") as c:
+        code, report = _doctor(capsys, c.url)
+    cluster_check = _check_named(report, "cluster")
+    assert not cluster_check["ok"] and cluster_check["severity"] == "warning"
+    assert "without a replica" in cluster_check["detail"]
+    assert code == 1
+
+
+def test_doctor_says_a_standalone_server_given_as_a_cluster_is_not_one(
+    fencelock_server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = _doctor(
+        capsys, f"redis+cluster://{fencelock_server.host}:{fencelock_server.port}"
+    )
+    cluster_check = _check_named(report, "cluster")
+    assert not cluster_check["ok"] and cluster_check["severity"] == "error"
+    assert "cluster-enabled" in cluster_check["detail"]
+    assert code == 1
