@@ -469,3 +469,13 @@ def test_doctor_says_a_standalone_server_given_as_a_cluster_is_not_one(
     assert not cluster_check["ok"] and cluster_check["severity"] == "error"
     assert "cluster-enabled" in cluster_check["detail"]
     assert code == 1
+
+
+def test_fencelock_run_holds_a_lock_on_a_cluster(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "cli-run"
+    script = 'test -n "$FENCELOCK_FENCE" || exit 1; exit 7'
+    code = cli.main(["run", "--key", name, "--server", cluster.url, "--", "sh", "-c", script])
+    assert code == 7  # the child ran (its own code), holding the lock
+    assert _holder_on(cluster, name) is None  # released after it
