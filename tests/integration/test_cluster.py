@@ -479,3 +479,18 @@ def test_fencelock_run_holds_a_lock_on_a_cluster(
     code = cli.main(["run", "--key", name, "--server", cluster.url, "--", "sh", "-c", script])
     assert code == 7  # the child ran (its own code), holding the lock
     assert _holder_on(cluster, name) is None  # released after it
+
+
+def test_a_valkey_py_cluster_client_works_as_the_server(cluster: Cluster) -> None:
+    valkey_cluster = pytest.importorskip("valkey.cluster")
+    node = cluster.nodes[2]
+    vc = valkey_cluster.ValkeyCluster(host=node.host, port=node.port)
+    try:
+        (server,) = resolve(vc)
+        assert server.is_cluster
+        lease = Lock(vc, "valkey-py", ttl=10.0).acquire(wait=0)
+        assert vc.get(lock_keys("valkey-py").lock) == lease.token.encode()
+        lease.release()
+        assert vc.get(lock_keys("valkey-py").lock) is None
+    finally:
+        vc.close()
