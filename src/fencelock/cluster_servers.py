@@ -26,44 +26,46 @@ import redis
 
 from .servers import Server, ServerError, ServerGroup, free_port
 
-__all__ = ["SLOTS", "Cluster", "ClusterNode", "cluster_port"]
+__all__ = ["SLOTS", "Cluster", "ClusterNode"]
 
 #: Slots of a Redis/Valkey Cluster.
 SLOTS = 16384
-#: The cluster bus listens on port + 10000 unless told otherwise: keep both valid.
-_BUS_OFFSET = 10000
-
-
-def cluster_port(host: str = "127.0.0.1", tries: int = 200) -> int:
-    """A free port whose default cluster bus port (port + 10000) is valid too.
-
-    Raises:
-        ServerError: no such port within ``tries`` attempts.
-    """
-    for _ in range(tries):
-        port = free_port(host)
-        if port + _BUS_OFFSET < 65536:
-            return port
-    raise ServerError(f"no free port below {65536 - _BUS_OFFSET} in {tries} tries")
 
 
 class ClusterNode(Server):
     """One node of a :class:`Cluster`: a :class:`~fencelock.servers.Server` started with
     ``--cluster-enabled yes`` and its own ``nodes.conf``; ``node_id`` once the cluster formed."""
 
-    def __init__(self, binary: str | None = None, *, node_timeout_ms: int, **kwargs: Any) -> None:
-        port = cluster_port(kwargs.get("host", "127.0.0.1"))
-        bus = free_port(kwargs.get("host", "127.0.0.1"))
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        node_timeout_ms: int,
+        taken: set[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # the bus port is given explicitly, so the client port may be any (and, left to the
+        # Server, is chosen again if it turns out to be in use); ``taken``: ports of the
+        # other nodes, which are not bound yet
+        host = kwargs.get("host", "127.0.0.1")
+        taken = set() if taken is None else taken
+        bus = free_port(host)
+        for _ in range(100):
+            if bus not in taken:
+                break
+            bus = free_port(host)
+        taken.add(bus)
         extra = (
             "--cluster-enabled", "yes",
             "--cluster-port", str(bus),
             "--cluster-node-timeout", str(node_timeout_ms),
-            "--cluster-config-file", f"nodes-{port}.conf",
+            "--cluster-config-file", "nodes.conf",  # in the node's own directory
             "--cluster-require-full-coverage", "no",
             "--repl-diskless-sync-delay", "0",  # a new replica syncs at once, not after 5 s
             *kwargs.pop("extra_args", ()),
         )  # fmt: skip
-        super().__init__(binary, port=port, extra_args=extra, **kwargs)
+        kwargs.pop("port", None)
+        super().__init__(binary, extra_args=extra, **kwargs)
         self.bus_port = bus
         self.node_id = ""
 
@@ -103,8 +105,9 @@ class Cluster:
         self.primaries = primaries
         self.replicas_per_primary = replicas_per_primary
         total = primaries * (1 + replicas_per_primary)
+        taken: set[int] = set()
         self.nodes = [
-            ClusterNode(binary, node_timeout_ms=node_timeout_ms, **server_kwargs)
+            ClusterNode(binary, node_timeout_ms=node_timeout_ms, taken=taken, **server_kwargs)
             for _ in range(total)
         ]
 
