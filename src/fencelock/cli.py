@@ -142,6 +142,10 @@ def _int_in(name: str, low: int, high: int | None) -> Callable[[str], int]:
 
 def _server_url(text: str) -> str:
     try:
+        scheme, sep, rest = text.partition("://")
+        if sep and scheme.lower().endswith("+cluster"):  # a whole cluster (Lock, doctor)
+            check_url(f"{scheme[: -len('+cluster')]}://{rest}")
+            return text
         return check_url(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None

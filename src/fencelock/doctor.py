@@ -23,6 +23,9 @@ The checks (``name``: what fails it):
 - ``replicas``: a replica listed as a node.
 - ``acl``: the connecting user may not run a command fencelock needs (``NOPERM``).
 - ``native_commands``: informational (always ok): ``SET ... IFEQ``, ``DELIFEQ``, ``DELEX``.
+- ``cluster`` (one per ``redis+cluster://`` URL, whose primaries are then checked as above):
+  ``cluster_state`` not ok or slots without a primary (error), a primary without a replica
+  (warning); also that the keys of one lock hash to one slot.
 
 :func:`diagnose` returns the report (the JSON object of ``fencelock doctor --json``);
 :func:`run` prints it and returns the exit code (0 all ok, 1 a check failed, 69 unreachable).
@@ -36,9 +39,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypedDict
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from ._core.keys import lock_keys
+from ._engine.address import cluster_seed_from_url, is_cluster_url
 from ._plain_clients import describe, plain_client
 from .errors import ConfigError
 from .options import check_url, redact_url, seconds
@@ -325,6 +331,8 @@ def _permissions(client: redis.Redis, probe: _Probe) -> None:
         for entry in reply:
             name, _, error = _text(entry).partition("=")
             probe.denied.setdefault(name, error)
+    elif isinstance(reply, redis.exceptions.MovedError | redis.exceptions.AskError):
+        pass  # a cluster node that does not own the probe keys: their owner judges
     else:  # READONLY on a replica, or another refusal: not judged
         probe.unjudged = list(_IN_SCRIPTS)
 
@@ -566,8 +574,22 @@ def diagnose(servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) 
     given = [servers] if isinstance(servers, str) else list(servers)
     if not given:
         raise ConfigError("at least one server is needed")
-    urls = [check_url(url) if isinstance(url, str) else _not_url(url) for url in given]
+    clusters = [url for url in given if isinstance(url, str) and is_cluster_url(url)]
+    for url in clusters:
+        cluster_seed_from_url(url)  # malformed: ConfigError before any I/O
+    urls = [
+        check_url(url) if isinstance(url, str) else _not_url(url)
+        for url in given
+        if url not in clusters
+    ]
     timeout_s = seconds(timeout, "timeout")
+    cluster_checks: list[Check] = []
+    for url in clusters:  # a cluster is judged by its primaries, plus a check of its own
+        primaries, check, failed = _cluster(url, timeout_s)
+        urls += primaries
+        cluster_checks.append(check)
+        if failed is not None:
+            urls.append(failed)  # its seed: reported unreachable below
     with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
         probes = list(pool.map(lambda url: _gather(url, timeout_s), urls))
     unreachable = [p for p in probes if p.error is not None]
@@ -593,7 +615,79 @@ def diagnose(servers: str | Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) 
             _acl(reachable),
             _natives(reachable),
         ]
+    checks += cluster_checks
     return {"servers": [p.row for p in probes], "checks": checks}
+
+
+def _node_url(url: str, host: str, port: int) -> str:
+    """The plain URL of one node of the cluster ``url`` (its credentials, TLS and options)."""
+    scheme, _, rest = url.partition("://")
+    plain = check_url(f"{scheme.lower().replace('+cluster', '')}://{rest}")
+    parts = urlsplit(plain)
+    auth = parts.netloc.rpartition("@")[0]
+    where = f"[{host}]" if ":" in host else host
+    netloc = f"{auth}@{where}:{port}" if auth else f"{where}:{port}"
+    return urlunsplit(parts._replace(netloc=netloc, path="/0"))
+
+
+def _cluster(url: str, timeout_s: float) -> tuple[list[str], Check, str | None]:
+    """Ask the seed of a cluster URL for its state and slot map: the URLs of its primaries,
+    the ``cluster`` check, and the seed's URL when it could not be asked (else None)."""
+    shown = redact_url(url)
+    seed = cluster_seed_from_url(url)
+    seed_url = _node_url(url, seed.host, seed.port)
+    client = _client(seed_url, timeout_s)
+    try:
+        info = _text(_execute(client, "CLUSTER", "INFO"))
+        ranges = _execute(client, "CLUSTER", "SLOTS")
+        keys = lock_keys("fencelock-doctor}{").script_keys  # a name that would split a tag
+        key_slots = {int(_execute(client, "CLUSTER", "KEYSLOT", key)) for key in keys}
+    except (redis.exceptions.RedisError, OSError) as exc:
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        check = _check(
+            "cluster",
+            False,
+            "error",
+            f"{shown}: cannot read the cluster's state ({detail}). Change: give a node of a "
+            "cluster-enabled server (cluster-enabled yes), with CLUSTER allowed for this user.",
+        )
+        return [], check, seed_url
+    finally:
+        client.close()
+    primaries: dict[tuple[str, int], int] = {}  # primary -> replicas
+    covered = 0
+    for entry in ranges:
+        first, last, primary = int(entry[0]), int(entry[1]), entry[2]
+        covered += last - first + 1
+        where = (_text(primary[0]) or seed.host, int(primary[1]))
+        primaries[where] = max(primaries.get(where, 0), len(entry) - 3)
+    problems = []
+    if "cluster_state:ok" not in info:
+        problems.append("cluster_state is not ok. Change: fix the cluster (CLUSTER INFO)")
+    if covered != 16384:
+        problems.append(
+            f"{16384 - covered} of 16384 slots have no primary: locks there cannot be taken. "
+            "Change: assign every slot (CLUSTER ADDSLOTS, or fix the failed primary)"
+        )
+    alone = [f"{host}:{port}" for (host, port), n in primaries.items() if n == 0]
+    if alone:
+        problems.append(
+            f"primaries without a replica: {', '.join(sorted(alone))}: losing one loses its "
+            "slots' locks until it is back. Change: give each primary a replica"
+        )
+    if len(key_slots) != 1:
+        problems.append(f"the keys of one lock hash to {len(key_slots)} slots (a bug: report it)")
+    detail = (
+        f"{shown}: {len(primaries)} primaries, "
+        f"{sum(primaries.values())} replicas, {covered} of 16384 slots served; the keys of one "
+        "lock share one slot. A cluster is one vote; a failover can grant a lock twice "
+        "(asynchronous replication): fence your writes"
+    )
+    if problems:
+        detail = f"{shown}: " + "; ".join(problems) + "."
+    urls = [_node_url(url, host, port) for host, port in primaries]
+    severity: Severity = "error" if covered != 16384 or len(key_slots) != 1 else "warning"
+    return urls, _check("cluster", not problems, severity, detail), None
 
 
 def _not_url(value: object) -> str:

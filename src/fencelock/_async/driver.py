@@ -19,6 +19,7 @@ from .._core import effects as fx
 from .._core.health import skip_suspects
 from .._core.quorum import Tally
 from .._core.replies import classify_handshake
+from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
 from .._engine.handshake import HandshakeError
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
@@ -126,12 +127,16 @@ def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) 
 class _Call:
     """One server's part of a round: a task, and whether its late NOSCRIPT may still run."""
 
-    __slots__ = ("conn", "index", "server", "task")
+    __slots__ = ("conn", "hops", "index", "node", "server", "task")
 
-    def __init__(self, index: int, server: Server, conn: AsyncConnection) -> None:
+    def __init__(
+        self, index: int, server: Server, conn: AsyncConnection, node: Server | None = None
+    ) -> None:
         self.index = index
-        self.server = server
+        self.server = server  # the vote
+        self.node = server if node is None else node  # whose connection carries it
         self.conn = conn
+        self.hops = 0  # cluster redirects followed
         self.task: asyncio.Task[object] | None = None
 
 
@@ -144,37 +149,79 @@ class _Round:
         self.collecting = True  # False once parked: a late NOSCRIPT runs only if effect.land
 
     async def call(self, call: _Call) -> object:
+        """Send the call to its node; a cluster's MOVED / ASK, or a node that cannot be
+        reached, sends it to another node (a hop) while hops and the round's budget last."""
         effect = self.effect
         server = call.server
-        if not effect.script:  # a bare handshake (fx.Identify)
-            script, payload = None, PING
-        else:
-            script, payload = self.encoder.encode(server, effect.script, effect.keys, effect.args)
-        tail, n = (b"", 1) if script is None else wait_tail(effect.wait)
-        payload += tail
+        loop = asyncio.get_running_loop()
+        asking = False
+        while True:
+            node = call.node
+            if not effect.script:  # a bare handshake (fx.Identify)
+                script, payload = None, PING
+            else:
+                script, payload = self.encoder.encode(node, effect.script, effect.keys, effect.args)
+            tail, own = (b"", 1) if script is None else wait_tail(effect.wait)
+            mapping = server.wants_map()
+            prefix = (MAP_REQUEST if mapping else b"") + (ASKING if asking else b"")
+            try:
+                replies = await self._request(call, prefix + payload + tail, mapping + asking + own)
+            except OSError as exc:
+                if (
+                    not server.is_cluster
+                    or call.hops >= MAX_HOPS
+                    or isinstance(exc, HandshakeError)
+                    or time.monotonic() >= self.deadline
+                ):
+                    raise
+                call.conn.close()
+                server.node_failed(node)
+                node.connection_failed()
+                call.hops += 1
+                call.node = server.route(effect.keys)
+                call.conn = shared(call.node, loop)
+                asking = False
+                continue
+            if mapping:
+                server.learn_map(replies[0])
+            mine = replies[-own:]  # the script's reply (and its WAIT's)
+            if script is not None and is_noscript(mine[0]):
+                node.loaded.discard(script.sha)
+                if self.collecting or effect.land:
+                    full = full_call(script, effect.keys, effect.args) + tail
+                    again = ASKING if asking else b""  # ASKING holds for one command only
+                    mine = (await call.conn.request(again + full, own + asking))[-own:]
+            reply = mine[0]
+            redirect = server.redirected(reply) if script is not None else None
+            if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < self.deadline:
+                node.learned(call.conn.identity)
+                call.hops += 1
+                call.node, asking = redirect
+                call.conn = shared(call.node, loop)
+                continue
+            if script is not None and not is_noscript(reply):
+                node.loaded.add(script.sha)
+            if is_readonly(reply):
+                server.moved()
+            node.learned(call.conn.identity)
+            if node is not server:
+                server.learned(call.conn.identity)
+                server.node_answered(node)
+            server.answered()
+            return answer(mine)
+
+    @staticmethod
+    async def _request(call: _Call, payload: bytes, replies: int) -> list[object]:
         try:
-            replies = await call.conn.request(payload, n)
+            return await call.conn.request(payload, replies)
         except ConnectionError as exc:
             # a reused connection may have been closed by a restarted server meanwhile
             if call.conn.fresh or isinstance(exc, HandshakeError):
                 raise
             call.conn.close()
-            server.connection_failed()  # a restarted server: learn its new identity
-            call.conn = shared(server, asyncio.get_running_loop())
-            replies = await call.conn.request(payload, n)
-        if script is not None and is_noscript(replies[0]):
-            server.loaded.discard(script.sha)
-            if self.collecting or effect.land:
-                replies = await call.conn.request(
-                    full_call(script, effect.keys, effect.args) + tail, n
-                )
-        if script is not None and not is_noscript(replies[0]):
-            server.loaded.add(script.sha)
-        if is_readonly(replies[0]):
-            server.moved()
-        server.learned(call.conn.identity)
-        server.answered()
-        return answer(replies)
+            call.node.connection_failed()  # a restarted server: learn its new identity
+            call.conn = shared(call.node, asyncio.get_running_loop())
+            return await call.conn.request(payload, replies)
 
 
 class AsyncDriver:
@@ -268,13 +315,14 @@ class AsyncDriver:
                 reason = fx.NotSent(f"suspect: {server.health.reason}")
                 tally.record(index, *effect.classify(reason))
                 continue
+            node = server.route(effect.keys)
             try:
-                conn = shared(server, loop)
+                conn = shared(node, loop)
             except ConnectionError as exc:  # no sentinel named the master
                 _failed(server, exc, self.timeout_s)
                 tally.record(index, *effect.classify(exc))
                 continue
-            call = _Call(index, server, conn)
+            call = _Call(index, server, conn, node)
             task = loop.create_task(round_.call(call))
             call.task = task
             round_.calls[task] = call
@@ -322,6 +370,7 @@ class AsyncDriver:
                 task.cancel()
                 call.conn.close()
                 exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
+                call.server.node_failed(call.node)
                 _failed(call.server, exc, self.timeout_s)
                 tally.record(call.index, *effect.classify(exc))
 
@@ -352,8 +401,9 @@ class AsyncDriver:
             return False
         loop = asyncio.get_running_loop()
         server = self.servers[effect.wake[0]]
+        node = server.route((effect.wake[1],))
         try:
-            conn = take_blocking(server, loop)
+            conn = take_blocking(node, loop)
         except ConnectionError:  # no sentinel named the master: sleep instead
             await asyncio.sleep(delay)
             return False
@@ -373,7 +423,7 @@ class AsyncDriver:
             return False
         finally:
             timer.cancel()
-        give_back(server, loop, conn)
+        give_back(node, loop, conn)
         if isinstance(replies[0], ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
             rest = delay - (time.monotonic() - started)
             if rest > 0:

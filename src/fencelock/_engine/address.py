@@ -18,7 +18,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ..errors import ConfigError
 from ..options import check_url, redact_url
 
-__all__ = ["TLS", "Address", "from_client", "from_url", "is_client"]
+__all__ = [
+    "TLS",
+    "Address",
+    "cluster_seed_from_client",
+    "cluster_seed_from_url",
+    "from_client",
+    "from_url",
+    "is_client",
+    "is_cluster_client",
+    "is_cluster_url",
+]
 
 _CERT_REQS: Final = {
     "required": ssl.CERT_REQUIRED,
@@ -492,3 +502,90 @@ def sentinels_from_client(client: object) -> Sentinels:
         for address in (from_client(s) for s in pool.sentinel_manager.sentinels)
     )
     return Sentinels(hosts, str(pool.service_name), from_client(client))
+
+
+# --------------------------------------------------------------------------------------------
+# Redis / Valkey Cluster: the address of one node (the seed) stands for the whole cluster
+# --------------------------------------------------------------------------------------------
+
+_CLUSTER_SCHEMES: Final = {
+    "redis+cluster": "redis",
+    "rediss+cluster": "rediss",
+    "valkey+cluster": "valkey",
+    "valkeys+cluster": "valkeys",
+}
+
+
+def is_cluster_url(url: str) -> bool:
+    """True for ``redis+cluster://``, ``rediss+cluster://`` and the ``valkey`` spellings."""
+    scheme, sep, _ = url.partition("://")
+    return bool(sep) and scheme.lower() in _CLUSTER_SCHEMES
+
+
+def cluster_seed_from_url(url: str) -> Address:
+    """The seed node of a ``redis+cluster://[user:password@]host[:port]`` URL (any node of
+    the cluster; TLS with ``rediss+cluster://`` and the query options of :func:`from_url`).
+
+    Raises:
+        ConfigError: not a cluster URL, malformed, or a database other than 0 (a cluster has
+            only database 0).
+    """
+    if not isinstance(url, str) or not is_cluster_url(url):
+        raise ConfigError(f"not a cluster URL: {redact_url(str(url))!r}")
+    scheme, _, rest = url.partition("://")
+    address = from_url(f"{_CLUSTER_SCHEMES[scheme.lower()]}://{rest}")
+    if address.db != 0:
+        raise ConfigError(f"a cluster has only database 0: {redact_url(url)!r}")
+    return address
+
+
+def is_cluster_client(obj: object) -> bool:
+    """True for ``redis.cluster.RedisCluster`` / ``redis.asyncio.cluster.RedisCluster`` (and
+    valkey-py's cluster clients when installed)."""
+    return isinstance(obj, _client_types()[1])
+
+
+def cluster_seed_from_client(client: object) -> Address:
+    """The seed node of a redis-py / valkey-py cluster client: its first startup node, with
+    the client's credentials and TLS settings (no I/O; the client is not used otherwise).
+
+    Raises:
+        ConfigError: not a cluster client, one without startup nodes, or an option fencelock
+            cannot honour (as :func:`from_client`).
+    """
+    if not is_cluster_client(client):
+        raise ConfigError(f"not a cluster client: {type(client).__name__}")
+    manager: Any = getattr(client, "nodes_manager", None)
+    startup = list((getattr(manager, "startup_nodes", None) or {}).values())
+    if not startup:
+        raise ConfigError(f"{type(client).__name__} has no startup node")
+    node = startup[0]
+    kwargs: dict[str, Any] = dict(getattr(manager, "connection_kwargs", None) or {})
+    kwargs.update(host=node.host, port=int(node.port))
+    connection_class = kwargs.pop("connection_class", None) or getattr(
+        node, "connection_class", None
+    )
+    module = type(client).__module__
+    pool_module: Any
+    if module.startswith("valkey"):
+        import valkey
+        import valkey.asyncio
+
+        pool_module = valkey.asyncio if ".asyncio" in module else valkey
+        client_class: Any = pool_module.Valkey
+    else:
+        import redis
+        import redis.asyncio
+
+        pool_module = redis.asyncio if ".asyncio" in module else redis
+        client_class = pool_module.Redis
+    if connection_class is None:
+        connection_class = pool_module.Connection
+    known = set(_defaults(connection_class)) | {"host", "port"}
+    kwargs = {name: value for name, value in kwargs.items() if name in known}
+    # a standalone client with the same connection settings, never connected: read like one
+    pool = pool_module.ConnectionPool(connection_class=connection_class, **kwargs)
+    address = from_client(client_class(connection_pool=pool))
+    if address.db != 0:
+        raise ConfigError("a cluster has only database 0")
+    return address

@@ -20,17 +20,23 @@ from ..options import check_url, redact_url
 from .address import (
     Address,
     Sentinels,
+    cluster_seed_from_client,
+    cluster_seed_from_url,
     from_client,
     from_url,
     is_client,
+    is_cluster_client,
+    is_cluster_url,
     is_sentinel_url,
     sentinel_pool,
     sentinels_from_client,
     sentinels_from_url,
 )
+from .cluster import ClusterServer
 from .server import Server
 
 _servers: dict[Address, Server] = {}
+_clusters: dict[Address, ClusterServer] = {}  # by seed node: a cluster is one server
 _by_url: dict[str, Server] = {}
 _by_sentinels: dict[Sentinels, Server] = {}
 _by_client: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
@@ -65,6 +71,18 @@ def _sentinel_server_for(spec: object) -> Server | None:
     return None
 
 
+def cluster_for_seed(seed: Address) -> ClusterServer:
+    with _lock:
+        cluster = _clusters.get(seed)
+        if cluster is None:
+            cluster = _clusters[seed] = ClusterServer(seed)
+        return cluster
+
+
+def _is_spec(item: object) -> bool:
+    return is_client(item) or is_cluster_client(item)
+
+
 def _server_for(spec: object) -> Server:
     sentinel_server = _sentinel_server_for(spec)
     if sentinel_server is not None:
@@ -74,7 +92,10 @@ def _server_for(spec: object) -> Server:
     if isinstance(spec, str):
         server = _by_url.get(spec)
         if server is None:
-            server = server_for_address(from_url(spec))
+            if is_cluster_url(spec):
+                server = cluster_for_seed(cluster_seed_from_url(spec))
+            else:
+                server = server_for_address(from_url(spec))
             _by_url[spec] = server
         return server
     try:
@@ -82,7 +103,10 @@ def _server_for(spec: object) -> Server:
     except TypeError:  # not weak-referenceable: not a client we know
         server = None
     if server is None:
-        server = server_for_address(from_client(spec))
+        if is_cluster_client(spec):
+            server = cluster_for_seed(cluster_seed_from_client(spec))
+        else:
+            server = server_for_address(from_client(spec))
         with contextlib.suppress(TypeError):
             _by_client[spec] = server
     return server
@@ -90,6 +114,7 @@ def _server_for(spec: object) -> Server:
 
 def resolve(servers: object) -> tuple[Server, ...]:
     """One server spec (URL or client) or a sequence of them -> their Servers, in order.
+    A cluster (``redis+cluster://`` URL or a cluster client) is one Server.
 
     Raises :class:`ConfigError` for an empty list, a wrong type, a malformed URL, or the same
     address given twice (the same server under two names is caught by ``run_id`` later).
@@ -99,7 +124,7 @@ def resolve(servers: object) -> tuple[Server, ...]:
         if known is not None:
             return (known,)
     items: Sequence[object]
-    if isinstance(servers, str) or is_client(servers):
+    if isinstance(servers, str) or _is_spec(servers):
         items = (servers,)
     elif isinstance(servers, Sequence):
         items = servers
@@ -113,9 +138,9 @@ def resolve(servers: object) -> tuple[Server, ...]:
     result: list[Server] = []
     for item in items:
         if isinstance(item, str):
-            if item not in _by_url and not is_sentinel_url(item):
+            if item not in _by_url and not is_sentinel_url(item) and not is_cluster_url(item):
                 check_url(item)
-        elif not is_client(item):
+        elif not _is_spec(item):
             raise ConfigError(
                 f"each server must be a URL or a redis client, not {type(item).__name__}"
             )
@@ -158,7 +183,7 @@ def on_fork(hook: Callable[[], None]) -> None:
 def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
-    for server in [*_servers.values(), *_by_sentinels.values()]:
+    for server in [*_servers.values(), *_by_sentinels.values(), *_clusters.values()]:
         for conn in server.forget_connections():
             with contextlib.suppress(Exception):
                 conn.close()  # closes our fd only: the parent's socket stays open

@@ -61,6 +61,9 @@ class Server:
     connection failed, a READONLY reply or a handshake that found a replica (a failover).
     """
 
+    #: True for a cluster (one vote over many nodes: a call may go to another node).
+    is_cluster = False
+
     def __init__(self, address: Address, sentinels: Sentinels | None = None) -> None:
         self._address = address
         self.sentinels = sentinels
@@ -174,6 +177,33 @@ class Server:
         if self.health.suspect:
             with self.lock:
                 self.health.answered()
+
+    # -- where calls go: a standalone server is its own node (a cluster overrides these) -----
+
+    def route(self, keys: tuple[str, ...]) -> Server:
+        """The Server whose connections carry a call on ``keys`` (here: this one)."""
+        return self
+
+    def probe_target(self) -> Server:
+        """The Server a background probe of this one connects to (here: this one)."""
+        return self
+
+    def redirected(self, reply: object) -> tuple[Server, bool] | None:
+        """Where a reply sends the call instead (a cluster's MOVED/ASK); None: nowhere."""
+        return None
+
+    def wants_map(self) -> bool:
+        """True when the call should also ask for a cluster's slot map (never here)."""
+        return False
+
+    def learn_map(self, reply: object) -> None:
+        """The answer to the slot map request (unused here)."""
+
+    def node_failed(self, node: Server) -> None:
+        """A node of this server failed a call (a cluster then avoids it for a while)."""
+
+    def node_answered(self, node: Server) -> None:
+        """A node of this server answered."""
 
     def forget_connections(self) -> list[Any]:
         """Drop every connection (after a fork, in the child); returns them to be closed."""

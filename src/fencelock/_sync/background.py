@@ -50,12 +50,15 @@ class _Job:
         self.server = server
         self.conn = conn
         self.give_up_at = give_up_at
+        self.node = server  # whose connection it is (a cluster's node, for a probe)
         self.fd = -1  # registered under this descriptor (the connection forgets it when closed)
 
     def replied(self, replies: list[object]) -> bool:
         """Handle the replies; False when the job sent something more and keeps waiting."""
         self.server.answered()
         self.server.learned(self.conn.identity)
+        if self.node is not self.server:
+            self.node.learned(self.conn.identity)
         return True
 
     def failed(self, exc: BaseException) -> None:
@@ -85,7 +88,7 @@ class _Straggler(_Job):
 
     def replied(self, replies: list[object]) -> bool:
         script = BY_NAME.get(self.script)  # None: a bare handshake
-        if script is not None and is_noscript(replies[0]):
+        if script is not None and is_noscript(replies[-1]):  # the last: after ASKING...
             self.server.loaded.discard(script.sha)
             if self.land:
                 self.conn.start(full_call(script, self.keys, self.args), 1)
@@ -100,7 +103,7 @@ class _Straggler(_Job):
 class _Probe(_Job):
     def replied(self, replies: list[object]) -> bool:
         super().replied(replies)
-        self.server.idle.append(self.conn)
+        self.node.idle.append(self.conn)
         return True
 
     def failed(self, exc: BaseException) -> None:
@@ -183,7 +186,7 @@ class Background:
         now = time.monotonic()
         until = now + effect.until_s
         for index in effect.targets:
-            server = servers[index]
+            server = servers[index].route(effect.keys)  # a cluster's node
             server.late.append(LateCall(effect.script, effect.keys, effect.args, until, due=now))
             self._post(lambda s=server: self._watched.add(s))  # type: ignore[misc]
 
@@ -264,7 +267,7 @@ class Background:
         health = server.health
         if health.suspect:
             if health.probe_due(now):
-                self._start(server, _Probe, PING, 1)
+                self._start(server, _Probe, PING, 1, node=server.probe_target())
             return
         due = [call for call in server.late if call.due <= now and call.until > now]
         if not due:
@@ -278,17 +281,25 @@ class Background:
         self._start(server, _LateBatch, payload, len(due), due)
 
     def _start(
-        self, server: Server, kind: type[_Job], payload: bytes, replies: int, *extra: Any
+        self,
+        server: Server,
+        kind: type[_Job],
+        payload: bytes,
+        replies: int,
+        *extra: Any,
+        node: Server | None = None,
     ) -> None:
+        target = server if node is None else node  # a cluster is probed through a node
         timeout = min(PROBE_TIMEOUT_S, max(0.05, server.timeout_s))
         try:
-            address = server.address
+            address = target.address
         except ConnectionError as exc:  # no sentinel named the master: the job failed
             idle = Connection(server.last_address)  # never started: nothing to close
             kind(server, idle, time.monotonic() + timeout, *extra).failed(exc)
             return
-        conn = Connection(address, identify=server.recheck)
+        conn = Connection(address, identify=target.recheck)
         job = kind(server, conn, time.monotonic() + timeout, *extra)
+        job.node = target
         try:
             conn.start(payload, replies)
         except Exception as exc:

@@ -33,6 +33,7 @@ from .._core.effects import (
 from .._core.health import skip_suspects
 from .._core.quorum import Tally
 from .._core.replies import classify_handshake
+from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, command
@@ -73,7 +74,10 @@ def take(server: Server) -> Connection:
 
 
 class _Call:
-    __slots__ = ("conn", "index", "payload", "replies", "retried", "script", "server", "tail")
+    __slots__ = (
+        "asking", "conn", "hops", "index", "mapping", "node", "own", "payload", "replies",
+        "retried", "script", "server", "tail",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -82,16 +86,22 @@ class _Call:
         conn: Connection,
         script: Script | None,
         payload: bytes,
+        node: Server | None = None,
         tail: bytes = b"",
-        replies: int = 1,
+        own: int = 1,
     ) -> None:
         self.index = index
-        self.server = server
+        self.server = server  # the vote
+        self.node = server if node is None else node  # whose connection carries it
         self.conn = conn
         self.script = script  # None for a bare handshake (Identify)
         self.tail = tail  # sent after the script call (a WAIT), in the same pipeline
+        self.own = own  # the replies of the call itself (and of its WAIT): the last ones
         self.payload = payload + tail
-        self.replies = replies
+        self.replies = own  # the payload's replies: a map request's and ASKING's come first
+        self.mapping = False  # the payload starts with the cluster's slot map request
+        self.asking = False  # the call is preceded by ASKING (a cluster's ASK redirect)
+        self.hops = 0  # cluster redirects followed
         # a connection used before may have been closed by a restarted server meanwhile:
         # such a call is tried once more on a new connection
         self.retried = conn.fresh
@@ -235,16 +245,19 @@ class Driver:
                     reason = NotSent(f"suspect: {server.health.reason}")
                     tally.record(index, *effect.classify(reason))
                     continue
-                script, payload = self._calls.encode(
-                    server, effect.script, effect.keys, effect.args
-                )
+                node = server.route(effect.keys)
+                script, payload = self._calls.encode(node, effect.script, effect.keys, effect.args)
                 try:
-                    conn = take(server)
+                    conn = take(node)
                 except ConnectionError as exc:  # no sentinel named the master
                     self._failed(server, exc)
                     tally.record(index, *effect.classify(exc))
                     continue
-                self._start(round_, _Call(index, server, conn, script, payload, tail, replies))
+                call = _Call(index, server, conn, script, payload, node, tail, replies)
+                if server.wants_map():
+                    call.mapping, call.replies = True, call.replies + 1
+                    call.payload = MAP_REQUEST + call.payload
+                self._start(round_, call)
             self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
@@ -262,13 +275,14 @@ class Driver:
         try:
             for index in targets:
                 server = self.servers[index]
+                node = server.route(())
                 try:
-                    conn = take(server)
+                    conn = take(node)
                 except ConnectionError as exc:  # no sentinel named the master
                     self._failed(server, exc)
                     tally.record(index, *classify_handshake(exc))
                     continue
-                self._start(round_, _Call(index, server, conn, None, PING))
+                self._start(round_, _Call(index, server, conn, None, PING, node))
             self._collect(round_, settle=True)
         finally:
             self._park(round_)
@@ -285,6 +299,8 @@ class Driver:
             if retry_on_new_connection(call, exc) and self._reconnect(call):
                 self._start(round_, call)
                 return
+            if self._elsewhere(round_, call, exc):
+                return
             self._failed(call.server, exc)
             round_.effect.tally.record(call.index, *round_.effect.classify(exc))
             return
@@ -294,9 +310,9 @@ class Driver:
         """Give ``call`` a new connection (its reused one was dead); False when there is no
         address to connect to (no sentinel named the master)."""
         call.retried = True
-        call.server.connection_failed()  # a restarted server: learn its new identity
+        call.node.connection_failed()  # a restarted server: learn its new identity
         try:
-            call.conn = Connection(call.server.address, identify=call.server.recheck)
+            call.conn = Connection(call.node.address, identify=call.node.recheck)
         except ConnectionError:
             return False
         return True
@@ -324,6 +340,7 @@ class Driver:
                 selector.unregister(fd)
                 call.conn.close()
                 exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
+                call.server.node_failed(call.node)
                 self._failed(call.server, exc)
                 tally.record(call.index, *effect.classify(exc))
 
@@ -344,6 +361,8 @@ class Driver:
             ):
                 self._start(round_, call)
                 return
+            if self._elsewhere(round_, call, exc):
+                return
             self._failed(call.server, exc)
             effect.tally.record(call.index, *effect.classify(exc))
             return
@@ -352,25 +371,74 @@ class Driver:
             return
         call.retried = True  # it answered: a later failure is not a stale connection's
         server = call.server
-        reply = replies[0]
+        node = call.node
+        reply = replies[-call.own]  # the script's own (a WAIT's comes after it)
+        if call.mapping:
+            server.learn_map(replies[0])
         script = call.script
         if script is not None and is_noscript(reply):
             # flushed or restarted: run it in full on the same connection
-            server.loaded.discard(script.sha)
+            node.loaded.discard(script.sha)
             call.payload = full_call(script, effect.keys, effect.args) + call.tail
+            call.mapping, call.replies = False, call.own
+            if call.asking:  # ASKING holds for one command only
+                call.payload, call.replies = ASKING + call.payload, call.own + 1
             conn.start(call.payload, call.replies)
             selector.modify(fd, conn.events())
             return
-        if script is not None:
-            server.loaded.add(script.sha)
-        if is_readonly(reply):
-            server.moved()
-        server.learned(conn.identity)
-        server.answered()
+        redirect = server.redirected(reply) if script is not None else None
+        node.learned(conn.identity)
         del round_.calls[fd]
         selector.unregister(fd)
-        server.idle.append(conn)
-        effect.tally.record(call.index, *effect.classify(answer(replies)))
+        node.idle.append(conn)
+        if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < round_.deadline:
+            self._send_to(round_, call, redirect[0], asking=redirect[1])
+            return
+        if script is not None:
+            node.loaded.add(script.sha)
+        if is_readonly(reply):
+            server.moved()
+        if node is not server:
+            server.learned(conn.identity)
+            server.node_answered(node)
+        server.answered()
+        effect.tally.record(call.index, *effect.classify(answer(replies[-call.own :])))
+
+    def _send_to(self, round_: _Round, call: _Call, node: Server, *, asking: bool) -> None:
+        """Send ``call`` again, to ``node`` (a cluster's redirect, or another node after a
+        failure): one more hop; the slot map is asked for too when it is stale."""
+        effect = round_.effect
+        call.hops += 1
+        call.node = node
+        call.conn = take(node)
+        call.retried = call.conn.fresh
+        if call.script is None:
+            payload = PING
+        else:
+            call.script, payload = self._calls.encode(node, effect.script, effect.keys, effect.args)
+        call.mapping = call.server.wants_map()
+        call.asking = asking
+        call.replies = call.own + call.mapping + asking
+        call.payload = (MAP_REQUEST if call.mapping else b"") + (ASKING if asking else b"")
+        call.payload += payload + (b"" if call.script is None else call.tail)
+        self._start(round_, call)
+
+    def _elsewhere(self, round_: _Round, call: _Call, exc: BaseException) -> bool:
+        """A cluster node could not be reached: try the call on another node (which knows
+        where the slot lives now), within the hops and the round's budget. True if sent."""
+        server = call.server
+        if (
+            not server.is_cluster
+            or call.hops >= MAX_HOPS
+            or not isinstance(exc, OSError)
+            or isinstance(exc, HandshakeError)
+            or time.monotonic() >= round_.deadline
+        ):
+            return False
+        server.node_failed(call.node)
+        call.node.connection_failed()
+        self._send_to(round_, call, server.route(round_.effect.keys), asking=False)
+        return True
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
@@ -381,7 +449,7 @@ class Driver:
             with contextlib.suppress(KeyError, ValueError):
                 selector.unregister(fd)
             background().adopt(
-                call.server,
+                call.node,
                 call.conn,
                 suspect_at=round_.deadline,
                 script=effect.script,
@@ -409,8 +477,9 @@ class Driver:
             time.sleep(delay)
             return False
         server = self.servers[effect.wake[0]]
+        node = server.route((effect.wake[1],))
         try:
-            conn = take(server)
+            conn = take(node)
         except ConnectionError:  # no sentinel named the master: sleep instead
             time.sleep(delay)
             return False
@@ -426,7 +495,7 @@ class Driver:
             if rest > 0:
                 time.sleep(rest)
             return False
-        server.idle.append(conn)
+        node.idle.append(conn)
         reply = replies[0]
         if isinstance(reply, ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
             rest = delay - (time.monotonic() - started)
