@@ -25,10 +25,14 @@ what it *observed* (counted from the servers and the databases, never assumed):
    for good; ``client.semaphore(limit=N, ttl=...)`` gets it back when its TTL runs out.
 10. ``rwlock-readers-writer``: without a lock readers see a two-step update half done;
     under ``client.rwlock`` none does, while several readers hold the read lock at once.
+11. ``failover``: a primary grants A the lock and dies before its replica got it; the promoted
+    replica grants B the same lock: two holders, and only the fence refuses A's stale write.
+    With ``replicas=1`` the grant counts only once the replica acknowledged it: A is told
+    ``Unavailable`` instead, and B is the only holder.
 
 Each run yields ``{"name", "protected", "expected", "observed", "ok"}``: for an unprotected run
 ``ok`` means the failure was observed, for a protected run that the protection held. The whole demo
-takes about 9 seconds; durations below are seconds.
+takes about 10 seconds; durations below are seconds.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from .client import Client
 from .election import Leader
 from .errors import LockLost, NotAcquired, StaleFence, Unavailable
 from .fence import RedisFence, execute_fenced, fence_column
-from .servers import Server, ServerError, ServerGroup, engine_of, find_server_binary
+from .servers import ReplicaSet, Server, ServerError, ServerGroup, engine_of, find_server_binary
 
 __all__ = ["Entry", "run", "run_scenarios"]
 
@@ -89,6 +93,7 @@ SEM_LIMIT, SEM_TTL_S = 3, 0.3  # 9. permits, a permit's lease
 # the writer's pause before and after each update
 RW_READERS, RW_WRITES, RW_READ_S, RW_WRITE_S, RW_LAG_S = 3, 3, 0.04, 0.15, 0.05
 RW_MAX_READS = 200  # per reader: the bound of its loop
+FAILOVER_TTL_S, FAILOVER_TIMEOUT_S = 10.0, 0.4  # 11. the lease; server timeout (WAIT: 3/4 of it)
 
 
 class DemoError(RuntimeError):
@@ -743,6 +748,62 @@ def semaphore_dead_holder(env: Env, protected: bool) -> Outcome:
 
 
 # ---------------------------------------------------------------------------------------------
+# 11. a failover: the primary dies before its replica got the grant
+
+
+def _cut_replication(primary: Server, replica: Server) -> None:
+    """Nothing written on ``primary`` from now on reaches ``replica``: the replica is frozen
+    and its link closed (a frozen replica alone would still read the stream when resumed)."""
+    replica.pause()
+    with contextlib.closing(primary.client()) as conn:
+        conn.client_kill_filter(_type="replica")
+
+
+def failover(env: Env, protected: bool) -> Outcome:
+    """A primary and its replica: A locks on the primary (``replicas=1`` when protected) while
+    replication is cut; the primary is SIGKILLed and the replica promoted (``REPLICAOF NO
+    ONE``, what Sentinel or Cluster would do); B locks on the promoted replica. Then B writes
+    through a ``RedisFence`` and A, still holding its lease, writes with its fence."""
+    key = _key("failover", protected)
+    topology = ReplicaSet(1, binary=env.lock_server.binary).start()
+    try:
+        primary, (replica,) = topology.first_primary, topology.replicas
+        _cut_replication(primary, replica)
+        replicas = 1 if protected else 0
+        lock_a = Lock(primary.url, key, ttl=FAILOVER_TTL_S, wait=0.0,
+                      server_timeout=FAILOVER_TIMEOUT_S, replicas=replicas)  # fmt: skip
+        try:
+            granted = lock_a.acquire()
+            lease_a: Lease | None = granted
+            a_text = f"A granted (fence {granted.fence}) on the primary"
+        except Unavailable:
+            lease_a = None
+            a_text = "A refused (Unavailable: the replica never acknowledged the grant)"
+        finally:
+            lock_a.close()
+        primary.kill()
+        replica.resume()
+        with contextlib.closing(replica.client()) as conn:
+            conn.replicaof("NO", "ONE")
+        lock_b = env.lock(replica.url, key, ttl=FAILOVER_TTL_S, wait=2.0)
+        lease_b = lock_b.acquire()
+        double = lease_a is not None and lease_a.valid
+        observed = f"{a_text}; after the failover B granted (fence {lease_b.fence})"
+        refused = False
+        if double:
+            assert lease_a is not None
+            text, refused = _stale_write(FencedRedis(env.fence(), key), lease_a.fence,
+                                         lease_b.fence)  # fmt: skip
+            observed += f": two holders at once; {text}"
+        else:
+            observed += ", the only holder"
+        _released(lease_b)
+    finally:
+        topology.stop()
+    return Outcome(observed, (not double) if protected else (double and refused))
+
+
+# ---------------------------------------------------------------------------------------------
 # 10. readers and a writer
 
 
@@ -882,6 +943,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         "no lock: readers see the writer's two-step update half done (torn reads)",
         "client.rwlock: no torn read, and several readers hold the read lock at once",
         readers_writer,
+    ),
+    Scenario(
+        "failover",
+        "primary dies before its replica got A's grant: the promoted replica grants B too",
+        "replicas=1: A's grant is not acknowledged (Unavailable), B is the only holder",
+        failover,
     ),
 )
 

@@ -1241,3 +1241,13 @@ class ReplicaSet:
 
     def __repr__(self) -> str:
         return f"<ReplicaSet nodes={self.nodes!r} sentinels={self.sentinels!r}>"
+
+
+def __getattr__(name: str) -> Any:
+    """``fencelock.servers.Cluster`` / ``ClusterNode``: the local Cluster topology lives in
+    :mod:`fencelock.cluster_servers` (imported on first use: it builds on this module)."""
+    if name in ("Cluster", "ClusterNode"):
+        from . import cluster_servers
+
+        return getattr(cluster_servers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -523,3 +523,10 @@ def test_replicas_1_on_a_cluster_waits_for_each_slots_replica(cluster: Cluster) 
             for name in names:  # the leases' clients are closed: free the keys directly
                 with contextlib.closing(_node_client(cluster.owner(_slot(name)))) as client:
                     client.delete(lock_keys(name).lock)
+
+
+def test_the_cluster_topology_is_reachable_from_fencelock_servers() -> None:
+    import fencelock.servers
+
+    assert fencelock.servers.Cluster is Cluster
+    assert fencelock.servers.ClusterNode is ClusterNode

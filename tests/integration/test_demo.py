@@ -30,6 +30,7 @@ NAMES = [
     "two-leaders",
     "semaphore-dead-holder",
     "rwlock-readers-writer",
+    "failover",
 ]
 FIELDS = {"name": str, "protected": bool, "expected": str, "observed": str, "ok": bool}
 # A liveness bound, not a speed assertion: the demo aims at ~10 s; a hang would hit this.
@@ -83,7 +84,7 @@ def test_json_entry_shape(
         assert entry["expected"] and entry["observed"]
 
 
-def test_ten_scenarios_each_unprotected_and_protected_once(
+def test_eleven_scenarios_each_unprotected_and_protected_once(
     json_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
 ) -> None:
     pairs = [(e["name"], e["protected"]) for e in json_run[1]["scenarios"]]
@@ -176,6 +177,15 @@ def _readers_writer(unprotected: str, protected: str) -> None:
     assert _number(r"up to (\d+) readers held the read lock at once", protected) >= 2
 
 
+def _failover(unprotected: str, protected: str) -> None:
+    a = _number(r"A granted \(fence (\d+)\) on the primary", unprotected)
+    assert _number(r"B granted \(fence (\d+)\)", unprotected) > a
+    assert "two holders at once" in unprotected
+    assert "RedisFence: A's write refused (StaleFence), value now 'written-by-B'" in unprotected
+    assert "A refused (Unavailable: the replica never acknowledged the grant)" in protected
+    assert "the only holder" in protected and "two holders" not in protected
+
+
 CHECKS: dict[str, Callable[[str, str], None]] = {
     "last-item-in-stock": _stock,
     "get-then-del-release": _release,
@@ -187,6 +197,7 @@ CHECKS: dict[str, Callable[[str, str], None]] = {
     "two-leaders": _two_leaders,
     "semaphore-dead-holder": _semaphore,
     "rwlock-readers-writer": _readers_writer,
+    "failover": _failover,
 }
 
 
@@ -208,7 +219,7 @@ def test_human_output_is_a_table_with_every_scenario() -> None:
     rows = [line for line in lines[1:] if re.match(r"[a-z0-9-]+\s+\|", line)]
     assert [row.split()[0] for row in rows] == NAMES, proc.stdout
     assert all(row.rstrip().endswith("| ok") for row in rows), proc.stdout
-    assert "20/20 runs behaved as expected" in proc.stdout, proc.stdout
+    assert "22/22 runs behaved as expected" in proc.stdout, proc.stdout
     assert "\033[" not in proc.stdout  # stdout is a pipe: no colour
 
 
