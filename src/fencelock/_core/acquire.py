@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .backoff import retry_delay_s
-from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Flow, Identify, Pause
+from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Classify, Flow, Identify, Pause
 from .fencing import needs_commit
 from .plan import LockPlan
 from .quorum import Outcome, Tally
@@ -99,21 +99,37 @@ def attempt(
     Raises :class:`~fencelock.ConfigError` when the servers are not independent: judged before
     any lock traffic for the servers already identified, after the round for the others.
     """
+    args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
+    return grant_attempt(plan, token, args, classify_acquire)
+
+
+def grant_attempt(
+    plan: LockPlan,
+    token: str,
+    args: tuple[str | int, ...],
+    classify: Classify,
+    *,
+    cleanup: LockPlan | None = None,
+) -> Flow[Attempt]:
+    """The body of an attempt whose acquire script (``plan.wiring.acquire``, called with
+    ``args``, its replies read by ``classify``) grants like the plain lock's: the majority,
+    ``restart_delay``, the validity check and the fence commit; what may have landed of a
+    failed attempt is released with ``cleanup``'s release (default: ``plan``'s)."""
     if plan.n > 1:
         problem = independence_problem((yield Identify(plan.budget_s)), plan.names)
         if problem is not None:
             raise problem
     start: float = yield NOW
-    args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
     tally = Tally(plan.n)
     drift = plan.drift_ms(plan.ttl_ms)
+    undo = plan if cleanup is None else cleanup
     try:
         yield Broadcast(
             plan.wiring.acquire,
             plan.everyone,
             plan.acquire_keys,
             args,
-            with_wait(plan, classify_acquire),
+            with_wait(plan, classify),
             settled,
             plan.budget_s,
             tally,
@@ -137,12 +153,12 @@ def attempt(
     except GeneratorExit:
         raise
     except BaseException:
-        yield from clean_up(plan, token, tally)
+        yield from clean_up(undo, token, tally)
         raise
     if decision.status is Status.GRANTED:
         deadline = start + (plan.ttl_ms - drift) / 1000.0
         return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
-    yield from clean_up(plan, token, tally)
+    yield from clean_up(undo, token, tally)
     return Attempt(None, decision, tally)
 
 

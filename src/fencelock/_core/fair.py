@@ -44,24 +44,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .acquire import (
-    Attempt,
-    AttemptFn,
-    Grant,
-    _discount_restarted,
-    clean_up,
-    commit_fence,
-    grant_replies,
-    settled,
-)
+from .acquire import Attempt, AttemptFn, Grant, grant_attempt
 from .backoff import retry_delay_s
-from .effects import IDENTITIES, NOW, Broadcast, Flow, Identify, Pause, Repeat
-from .fencing import needs_commit
+from .effects import NOW, Broadcast, Flow, Pause, Repeat
 from .plan import LockPlan, Wiring
 from .quorum import Outcome, Tally
-from .replies import AcquireReply, ProtocolError, _int, decode_flag, with_wait
-from .rounds import Status, decide_acquire
-from .verdicts import acquire_failure, independence_problem
+from .replies import AcquireReply, ProtocolError, _int, decode_flag
+from .verdicts import acquire_failure
 
 
 @dataclass(frozen=True)
@@ -157,51 +146,8 @@ def attempt_fair(
     new arrival) on every server and take the lock where it is first in line; a majority and
     the fence commit as for a plain lock. Never raises for contention or outages; raises
     :class:`~fencelock.ConfigError` when the servers are not independent."""
-    if plan.n > 1:
-        problem = independence_problem((yield Identify(plan.budget_s)), plan.names)
-        if problem is not None:
-            raise problem
-    start: float = yield NOW
     args = (token, plan.ttl_ms, info, waiter, str(ticket), heartbeat_ms)
-    tally = Tally(plan.n)
-    drift = plan.drift_ms(plan.ttl_ms)
-    try:
-        yield Broadcast(
-            plan.wiring.acquire,
-            plan.everyone,
-            plan.acquire_keys,
-            args,
-            with_wait(plan, classify_fair),
-            settled,
-            plan.budget_s,
-            tally,
-            wait=plan.wait,
-        )
-        if plan.restart_delay:
-            tally = yield from _discount_restarted(plan, tally)
-        now: float = yield NOW
-        decision = decide_acquire(
-            tally,
-            grant_replies(tally),
-            ttl_ms=plan.ttl_ms,
-            elapsed_ms=(now - start) * 1000.0,
-            drift=drift,
-        )
-        problem = independence_problem((yield IDENTITIES), plan.names)
-        if problem is not None:
-            raise problem
-        if decision.status is Status.GRANTED and needs_commit(plan.n):
-            decision = yield from commit_fence(plan, token, decision, tally, start)
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield from clean_up(_quiet(plan), token, tally)
-        raise
-    if decision.status is Status.GRANTED:
-        deadline = start + (plan.ttl_ms - drift) / 1000.0
-        return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
-    yield from clean_up(_quiet(plan), token, tally)
-    return Attempt(None, decision, tally)
+    return grant_attempt(plan, token, args, classify_fair, cleanup=_quiet(plan))
 
 
 def _quiet(plan: LockPlan) -> LockPlan:
