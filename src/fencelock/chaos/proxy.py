@@ -333,6 +333,7 @@ class Proxy:
             self.stats.connections += 1
         self._writers.add(c_writer)
         s_writer: asyncio.StreamWriter | None = None
+        tasks: list[asyncio.Task[None]] = []
         try:
             try:
                 s_reader, upstream = await asyncio.wait_for(
@@ -347,6 +348,9 @@ class Proxy:
             down = _Pipe(self, False, s_reader, c_writer)
             parts = [up.read_loop(), up.write_loop(), down.read_loop(), down.write_loop()]
             tasks = [asyncio.ensure_future(p) for p in parts]
+            for pipe_task in tasks:  # stop() waits for them too: none is left to the GC
+                self._tasks.add(pipe_task)
+                pipe_task.add_done_callback(self._tasks.discard)
             # when either side closes, close both: a half-open Redis connection is useless
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for end in (c_writer, upstream):
@@ -358,6 +362,8 @@ class Proxy:
         except asyncio.CancelledError:
             pass
         finally:
+            for t in tasks:  # also when this task was cancelled (stop): the pipes end with it
+                t.cancel()
             for maybe in (c_writer, s_writer):
                 if maybe is not None:
                     self._writers.discard(maybe)
