@@ -735,6 +735,16 @@ filler the first connect succeeded). Three leave a margin; the extra two simply 
 _BLACK_HOLE_READY_S = 2.0  # the first filler's handshake completes in microseconds on loopback
 
 
+def _writable(socks: Sequence[socket.socket], timeout_s: float) -> list[socket.socket]:
+    """The sockets of ``socks`` that became writable within ``timeout_s`` (poll: any fd
+    number, where ``select`` fails above 1023 in a process with many files open)."""
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLOUT)
+    return [by_fd[fd] for fd, _ in poller.poll(max(0, int(timeout_s * 1000)))]
+
+
 class BlackHole:
     """A loopback TCP address where connects never complete (neither refused nor accepted).
 
@@ -764,7 +774,7 @@ class BlackHole:
                 with contextlib.suppress(BlockingIOError):
                     filler.connect((host, self.port))
             # the queue is full once one filler's handshake completed (it becomes writable)
-            _, writable, _ = select.select([], self._fillers, [], _BLACK_HOLE_READY_S)
+            writable = _writable(self._fillers, _BLACK_HOLE_READY_S)
             if not any(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in writable):
                 raise ServerError(f"black hole on port {self.port}: no filler connected")
         except BaseException:

@@ -357,3 +357,33 @@ def test_a_replica_set_links_its_replicas_and_stops_every_process_by_pid(
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # reaped: gone
+
+
+def test_a_black_hole_starts_in_a_process_with_more_than_1024_files_open() -> None:
+    """Regression: BlackHole waited for its fillers with select(), which raises for a file
+    descriptor above 1023 (seen in CI once a long session had many files open)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files ({hard}) keeps fds below 1024 here")
+    if soft != resource.RLIM_INFINITY and soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    padding = []
+    try:
+        while True:  # push the next descriptors past 1023
+            fd = os.open(os.devnull, os.O_RDONLY)
+            padding.append(fd)
+            if fd > 1030:
+                break
+        with BlackHole() as hole:
+            assert min(f.fileno() for f in hole._fillers) > 1023
+            with socket.socket() as probe:
+                probe.settimeout(0.3)
+                with pytest.raises(TimeoutError):
+                    probe.connect((hole.host, hole.port))
+    finally:
+        for fd in padding:
+            os.close(fd)
+        if soft != resource.RLIM_INFINITY and soft < 1200:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
