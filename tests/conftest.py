@@ -7,12 +7,23 @@ Tests that kill, pause or restart servers use the plugin's ``fencelock_servers(n
 from __future__ import annotations
 
 import re
+import resource
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from fencelock.servers import ServerGroup
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The session starts and stops hundreds of servers; the process-wide registry keeps the
+    idle connections of each until it is used again, so the session holds more than the
+    common default of 1024 open files: raise the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard == resource.RLIM_INFINITY else max(soft, min(hard, 65536))
+    if target != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 class Topologies:
