@@ -979,6 +979,11 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: Every node of a ReplicaSet (any may become the primary): a replica's first sync starts at
+#: once (the default waits 5 s for more replicas to join the same diskless transfer).
+_SYNC_AT_ONCE = ("--repl-diskless-sync-delay", "0")
+
+
 class ReplicaSet:
     """A primary with ``n_replicas`` replicas (``--replicaof``), optionally watched by
     ``sentinels`` Sentinels; started and stopped together, every process by its PID.
@@ -1047,11 +1052,12 @@ class ReplicaSet:
         """
         deadline = time.monotonic() + timeout
         try:
-            primary = Server(**self._kwargs).start(timeout=timeout)
+            primary = Server(extra_args=_SYNC_AT_ONCE, **self._kwargs).start(timeout=timeout)
             self.nodes = [primary]
             for _ in range(self._n_replicas):
                 replica = Server(
-                    extra_args=("--replicaof", primary.host, str(primary.port)), **self._kwargs
+                    extra_args=(*_SYNC_AT_ONCE, "--replicaof", primary.host, str(primary.port)),
+                    **self._kwargs,
                 )
                 self.nodes.append(replica)
                 replica.start(timeout=max(0.1, deadline - time.monotonic()))
@@ -1189,7 +1195,7 @@ class ReplicaSet:
         """
         deadline = time.monotonic() + timeout
         primary = self.primary(timeout)
-        node._extra_args = ("--replicaof", primary.host, str(primary.port))
+        node._extra_args = (*_SYNC_AT_ONCE, "--replicaof", primary.host, str(primary.port))
         node.restart(wipe=True, timeout=max(0.1, deadline - time.monotonic()))
         try:
             self.wait_whole(max(0.1, deadline - time.monotonic()))

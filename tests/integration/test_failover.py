@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-TRIALS = 2
+TRIALS = 1
 
 
 def _benchmark() -> ModuleType:
