@@ -27,6 +27,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from .._engine.registry import server_started
+
 __all__ = ["CONTROL_TIMEOUT", "Mode", "ModeName", "Proxy", "ProxyError", "ProxyStats"]
 
 ModeName = Literal["pass", "latency", "blackhole", "hold", "drop-replies"]
@@ -181,6 +183,9 @@ class Proxy:
         if not ready.wait(CONTROL_TIMEOUT):
             raise ProxyError(f"{self.name}: loop thread did not start")
         self._call(self._listen())
+        # the port may have served another server before: what the engine knew of that
+        # address (its identity, so a restart that is none) is forgotten, as for a new server
+        server_started(self.host, self.port, new_server=True)
         return self
 
     @staticmethod
