@@ -49,11 +49,9 @@ def lingers(exc_type: type[BaseException] | None) -> bool:
 
 
 class LeaseState:
-    """Token, fence and deadline of one acquisition; the subclass provides ``lost`` and
-    ``at_risk`` (events of its front end)."""
-
-    lost: _Flag
-    at_risk: _Flag
+    """Token, fence and deadline of one acquisition; the subclass provides the type of its
+    ``lost`` and ``at_risk`` events (:meth:`_new_flag`), made on first use only: a lease that
+    nobody waits on costs no event (each one is a Condition and a lock)."""
 
     def __init__(self, definition: Definition, grant: Grant) -> None:
         self._definition = definition
@@ -70,10 +68,35 @@ class LeaseState:
         self._every_s = 0.0
         self._stop_at: float | None = None
         self._stop_reason: str | None = None
+        self._is_lost = False
+        self._is_at_risk = False
+        self._lost_flag: _Flag | None = None
+        self._risk_flag: _Flag | None = None
+
+    def _new_flag(self) -> _Flag:
+        raise NotImplementedError
+
+    def _lost_event(self) -> _Flag:
+        with self._state:
+            flag = self._lost_flag
+            if flag is None:
+                flag = self._lost_flag = self._new_flag()
+                if self._is_lost:
+                    flag.set()
+            return flag
+
+    def _risk_event(self) -> _Flag:
+        with self._state:
+            flag = self._risk_flag
+            if flag is None:
+                flag = self._risk_flag = self._new_flag()
+                if self._is_at_risk:
+                    flag.set()
+            return flag
 
     def remaining(self) -> float:
         """Seconds of validity left, on the monotonic clock; 0.0 once released or lost."""
-        if self._released or self.lost.is_set():
+        if self._released or self._is_lost:
             return 0.0
         return max(0.0, self._deadline - time.monotonic())
 
@@ -89,7 +112,7 @@ class LeaseState:
 
     def ensure_valid(self) -> None:
         """Raise :class:`~fencelock.LockLost` unless the lease is still valid (a local check)."""
-        if self.lost.is_set():
+        if self._is_lost:
             raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
         if self._released:
             raise LockLost(self.key, f"{self.key!r}: lease already released")
@@ -100,7 +123,7 @@ class LeaseState:
         """Before a server round on this lease: it must not be released or known lost."""
         if self._released:
             raise LockLost(self.key, f"{self.key!r}: lease already released")
-        if self.lost.is_set():
+        if self._is_lost:
             raise LockLost(self.key, f"{self.key!r}: lease lost ({self.lost_reason})")
 
     # -- flows and what their verdicts change here ---------------------------------------------
@@ -120,7 +143,7 @@ class LeaseState:
 
     def _release_flow(self) -> Flow[ReleaseVerdict] | None:
         """The release flow, or None when already released (marks it released first)."""
-        expired = self._deadline <= time.monotonic() or self.lost.is_set()
+        expired = self._deadline <= time.monotonic() or self._is_lost
         if not self._claim_release():
             return None
         flow = release(self._definition.plan, self.token, expired=expired)
@@ -161,8 +184,11 @@ class LeaseState:
             self._mark_lost(step.lost_reason)
         elif step.at_risk:
             self._mark_at_risk()
-        elif self.at_risk.is_set():
-            self.at_risk.clear()
+        elif self._is_at_risk:
+            with self._state:
+                self._is_at_risk = False
+                if self._risk_flag is not None:
+                    self._risk_flag.clear()
             log.warning("lease on %r renewed again: no longer at risk", self.key)
         if step.stop_reason is not None:
             self._stop_reason = step.stop_reason
@@ -172,9 +198,11 @@ class LeaseState:
         """A renewal missed its deadline: set ``at_risk`` and run the callbacks (once per
         warning; a confirmed renewal clears it, and the next miss warns again)."""
         with self._state:
-            if self.at_risk.is_set() or self.lost.is_set() or self._released:
+            if self._is_at_risk or self._is_lost or self._released:
                 return
-            self.at_risk.set()
+            self._is_at_risk = True
+            if self._risk_flag is not None:
+                self._risk_flag.set()
             callbacks = list(self._risk_callbacks)
         log.warning(
             "lease on %r at risk: a renewal was not confirmed (%.3f s of validity left)",
@@ -190,7 +218,7 @@ class LeaseState:
         the event loop): keep them short; exceptions are logged."""
         with self._state:
             self._risk_callbacks.append(callback)
-            now = self.at_risk.is_set()
+            now = self._is_at_risk
         if now:
             self._run_callback(callback)
 
@@ -208,7 +236,7 @@ class LeaseState:
             self._mark_lost(reason)
 
     def _done(self) -> bool:
-        return self._released or self.lost.is_set()
+        return self._released or self._is_lost
 
     def _mark_lost(self, reason: str) -> None:
         callbacks = self._take_loss(reason)
@@ -234,10 +262,12 @@ class LeaseState:
     def _take_loss(self, reason: str) -> list[Callable[[Any], object]] | None:
         """Mark lost; the callbacks to run, or None when it was already lost or released."""
         with self._state:
-            if self.lost.is_set() or self._released:
+            if self._is_lost or self._released:
                 return None
             self.lost_reason = reason
-            self.lost.set()
+            self._is_lost = True
+            if self._lost_flag is not None:
+                self._lost_flag.set()
             callbacks, self._callbacks = self._callbacks, []
         log.error("lease on %r lost: %s", self.key, reason)
         return callbacks
@@ -245,7 +275,7 @@ class LeaseState:
     def _add_callback(self, callback: Callable[[Any], object]) -> bool:
         """Keep ``callback`` for a later loss; False when the lease is lost already."""
         with self._state:
-            if self.lost.is_set():
+            if self._is_lost:
                 return False
             self._callbacks.append(callback)
             return True
@@ -257,7 +287,7 @@ class LeaseState:
             log.exception("callback of the lease on %r failed", self.key)
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost.is_set() else "released" if self._released else "held"
+        state = "lost" if self._is_lost else "released" if self._released else "held"
         return (
             f"Lease({self.key!r}, fence={self.fence}, token={self.token[:8]}…, {state}, "
             f"remaining={self.remaining():.3f}s)"

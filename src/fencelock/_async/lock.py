@@ -111,12 +111,7 @@ class Lease(LeaseState):
     """One acquisition (see :class:`fencelock.Lease`); ``lost`` and ``at_risk`` are
     :class:`asyncio.Event` objects."""
 
-    lost: asyncio.Event
-    at_risk: asyncio.Event
-
     def __init__(self, lock: Lock, grant: Grant) -> None:
-        self.lost = asyncio.Event()
-        self.at_risk = asyncio.Event()
         super().__init__(lock._grant_definition(grant), grant)
         self.lock = lock
         self._driver = lock._driver
@@ -124,6 +119,19 @@ class Lease(LeaseState):
         self._timer: asyncio.TimerHandle | None = None
         self._body: asyncio.Task[Any] | None = None
         self._cancelled_body = False
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set as soon as the lease is known lost (never cleared)."""
+        return cast(asyncio.Event, self._lost_event())
+
+    @property
+    def at_risk(self) -> asyncio.Event:
+        """Set while a renewal was not confirmed; cleared by the next one that is."""
+        return cast(asyncio.Event, self._risk_event())
+
+    def _new_flag(self) -> asyncio.Event:
+        return asyncio.Event()
 
     async def extend(self, ttl: Seconds | None = None) -> None:
         """Restart the lease at ``ttl`` seconds on a majority (see
@@ -207,7 +215,7 @@ class Lease(LeaseState):
         try:
             await self.release()
         except Exception as exc:
-            level = 10 if self.lost.is_set() else 30  # DEBUG / WARNING
+            level = 10 if self._is_lost else 30  # DEBUG / WARNING
             log.log(level, "release of %r after an error failed: %s", self.key, exc)
 
     async def __aenter__(self) -> Lease:
@@ -281,7 +289,7 @@ class _Hold:
         task = asyncio.current_task()
         if ours and task is not None and hasattr(task, "uncancel"):
             task.uncancel()
-        if not lease.lost.is_set() and lingers(exc_type) and lease._linger(self._at_least):
+        if not lease._is_lost and lingers(exc_type) and lease._linger(self._at_least):
             return False
         if exc_type is not None and not (ours and exc_type is asyncio.CancelledError):
             await lease._release_quietly()

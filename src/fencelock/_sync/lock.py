@@ -150,7 +150,7 @@ def holding(
         if not (lingers(type(exc)) and lease._linger(at_least)):
             lease._release_quietly()
         raise
-    if lease.lost.is_set() or not lease._linger(at_least):
+    if lease._is_lost or not lease._linger(at_least):
         lease._finish()
 
 
@@ -162,16 +162,24 @@ class Lease(LeaseState):
     ``at_risk`` one set while a renewal was not confirmed (cleared by the next one that is).
     """
 
-    lost: threading.Event
-    at_risk: threading.Event
-
     def __init__(self, lock: Lock, grant: Grant) -> None:
-        self.lost = threading.Event()
-        self.at_risk = threading.Event()
         super().__init__(lock._grant_definition(grant), grant)
         self.lock = lock
         self._driver = lock._driver
         self._renewal: Renewal | None = None
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set as soon as the lease is known lost (never cleared)."""
+        return cast(threading.Event, self._lost_event())
+
+    @property
+    def at_risk(self) -> threading.Event:
+        """Set while a renewal was not confirmed; cleared by the next one that is."""
+        return cast(threading.Event, self._risk_event())
+
+    def _new_flag(self) -> threading.Event:
+        return threading.Event()
 
     def extend(self, ttl: Seconds | None = None) -> None:
         """Restart the lease at ``ttl`` seconds (default: the lock's ttl) on a majority.
@@ -247,7 +255,7 @@ class Lease(LeaseState):
         try:
             self.release()
         except Exception as exc:
-            level = 10 if self.lost.is_set() else 30  # DEBUG / WARNING
+            level = 10 if self._is_lost else 30  # DEBUG / WARNING
             log.log(level, "release of %r after an error failed: %s", self.key, exc)
 
     def _finish(self) -> None:
