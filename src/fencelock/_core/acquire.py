@@ -145,9 +145,10 @@ def grant_attempt(
             elapsed_ms=(now - start) * 1000.0,
             drift=drift,
         )
-        problem = independence_problem((yield IDENTITIES), plan.names)
-        if problem is not None:
-            raise problem
+        if plan.n > 1:
+            problem = independence_problem((yield IDENTITIES), plan.names)
+            if problem is not None:
+                raise problem
         if decision.status is Status.GRANTED and needs_commit(plan.n):
             decision = yield from commit_fence(plan, token, decision, tally, start)
     except GeneratorExit:

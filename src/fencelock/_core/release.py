@@ -39,6 +39,8 @@ def release_round(
         plan.budget_s,
         tally,
     )
+    if tally.count(Outcome.GRANTED) == len(targets):
+        return tally  # released on every target: nothing can be late
     # "not ours" on a server we target may mean our grant there has not landed yet (a
     # straggler of the acquire round, on another connection): repeat the release there too
     refused = tuple(i for i in targets if tally.votes.get(i, (None, None))[0] is Outcome.HELD)

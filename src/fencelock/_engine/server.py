@@ -145,6 +145,9 @@ class Server:
         """A connection finished its handshake (``identity`` None when an ACL hides INFO)."""
         if identity is None:
             return
+        if identity is self.identity:  # the same handshake's, learned before
+            self.recheck = False
+            return
         if self.sentinels is not None and identity.role != "master":
             self.moved()  # a demoted primary: not a vote of a replica, a stale address
             return

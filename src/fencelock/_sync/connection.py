@@ -230,7 +230,7 @@ class Connection:
     def _read(self) -> None:
         sock = self._sock
         assert sock is not None
-        tls = isinstance(sock, ssl.SSLSocket)
+        tls = self.address.tls is not None
         while True:
             try:
                 data = sock.recv(_RECV_SIZE)

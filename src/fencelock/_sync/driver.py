@@ -63,7 +63,7 @@ def take(server: Server) -> Connection:
             conn: Connection = idle.pop()
         except IndexError:
             break
-        if conn.address != address:  # to a node that no longer leads
+        if conn.address is not address and conn.address != address:  # a node no longer leading
             conn.close()
             continue
         if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
@@ -133,10 +133,10 @@ class _Poller:
         self._poll = select.poll()
 
     def register(self, fd: int, events: int) -> None:
-        self._poll.register(fd, _mask(events))
+        self._poll.register(fd, _MASKS[events])
 
     def modify(self, fd: int, events: int) -> None:
-        self._poll.modify(fd, _mask(events))
+        self._poll.modify(fd, _MASKS[events])
 
     def unregister(self, fd: int) -> None:
         self._poll.unregister(fd)
@@ -153,6 +153,10 @@ def _mask(events: int) -> int:
     if events & selectors.EVENT_WRITE:
         mask |= select.POLLOUT
     return mask
+
+
+#: poll masks by selector events (READ, WRITE or both), looked up once per call
+_MASKS: dict[int, int] = {events: _mask(events) for events in range(4)}
 
 
 _local = threading.local()
@@ -181,8 +185,10 @@ class Driver:
         self.timeout_s = timeout_s
         self._calls = CALLS
 
-    def _suspects(self) -> tuple[bool, ...]:
-        return tuple(server.health.suspect for server in self.servers)
+    def _suspects(self) -> tuple[bool, ...] | None:
+        """Which servers are suspect; None when none is (the common case, no tuple built)."""
+        suspects = tuple(server.health.suspect for server in self.servers)
+        return suspects if True in suspects else None
 
     def run(self, flow: Flow[T]) -> T:
         """Drive ``flow`` to its end; an exception while performing an effect (a
@@ -238,7 +244,8 @@ class Driver:
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
         tail, replies = wait_tail(effect.wait)
         try:
-            skip = skip_suspects(tally, effect.targets, self._suspects())
+            suspects = self._suspects()
+            skip = suspects is not None and skip_suspects(tally, effect.targets, suspects)
             for index in effect.targets:
                 server = self.servers[index]
                 if skip and server.health.suspect:
