@@ -72,7 +72,7 @@ class Definition:
         )
         purpose = options.purpose
         self.holder: Callable[[], str] = (
-            (lambda: holder_info(purpose)) if options.writes_holder_info else _no_info
+            (lambda: holder_info(purpose)) if options.holder_info else _no_info
         )
         self.warn()
 

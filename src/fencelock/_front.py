@@ -129,8 +129,7 @@ class LockFront:
       ``ttl/10`` within [0.05, 1.0]); ``drift_factor`` / ``drift_min``: clock-drift allowance
       ``ttl * factor + min`` taken off every lease's validity;
     - ``renew_every``: watchdog period (default ``ttl/3``);
-    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``
-      (default ``None``: only when a ``purpose`` is given; each grant then writes one more key);
+    - ``holder_info``: store host/pid/``purpose`` beside the lock for ``fencelock status``;
     - ``reentrant``: the same owner (the thread; in asyncio the task; or ``owner``, an id of
       your choosing) acquiring again gets the lease it holds (same token and fence) instead of
       waiting for itself; only the outermost acquire and release talk to the servers.
@@ -163,7 +162,7 @@ class LockFront:
         retry_cap: Seconds = RETRY_CAP,
         renew_every: Seconds | None = None,
         handoff_window: Seconds = HANDOFF_WINDOW,
-        holder_info: bool | None = None,
+        holder_info: bool = True,
         purpose: str | None = None,
         reentrant: bool = False,
         owner: str | None = None,

@@ -529,8 +529,7 @@ def _child_exit_code(returncode: int) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     prog = f"{PROG} run"
     servers = resolve_servers(args.servers, [DEFAULT_SERVER])
-    # status shows who runs it (host, pid), with or without --purpose
-    lock_kwargs: dict[str, Any] = {"purpose": args.purpose, "holder_info": True}
+    lock_kwargs: dict[str, Any] = {"purpose": args.purpose}
     if args.ttl is not None:
         lock_kwargs["ttl"] = args.ttl
     lock = Lock(servers, args.key, **lock_kwargs)  # ConfigError (64) before any I/O

@@ -58,7 +58,7 @@ class _ClientBase(Generic[L]):
         retry_cap: Seconds = RETRY_CAP,
         renew_every: Seconds | None = None,
         handoff_window: Seconds = HANDOFF_WINDOW,
-        holder_info: bool | None = None,
+        holder_info: bool = True,
         purpose: str | None = None,
         restart_delay: bool | None = None,
         replicas: int = 0,

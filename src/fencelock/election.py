@@ -34,7 +34,7 @@ from ._async.lock import Lock as AsyncLock
 from ._core.effects import Flow
 from ._core.election import Change, Leader, announce, leader_info, next_change, read_leader
 from ._core.election import term_ended as term_ended_flow
-from ._holder import holder_info, new_token
+from ._holder import new_token
 from ._lease import LeaseState, log
 from ._sync.driver import Driver
 from ._sync.lock import Lease, Lock
@@ -88,8 +88,7 @@ class _ElectionBase(Generic[L]):
         return seconds(wait, "wait", allow_zero=True, allow_inf=True)
 
     def _announce_flow(self, term: LeaseState) -> Flow[bool]:
-        # the leader's name and host/pid are announced whatever the lock's holder_info says
-        info = leader_info(holder_info(self._definition.options.purpose), self.name, term.fence)
+        info = leader_info(self._definition.holder(), self.name, term.fence)
         return announce(self._definition.plan, term.token, info)
 
     def _announced(self, term: LeaseState, ok: bool) -> None:

@@ -152,8 +152,7 @@ class LockOptions:
     retry_cap: float = RETRY_CAP
     renew_every: float = DEFAULT_TTL * RENEW_FRACTION
     handoff_window: float = HANDOFF_WINDOW
-    #: None: written when a ``purpose`` is given (holder info costs a key write per grant)
-    holder_info: bool | None = None
+    holder_info: bool = True
     purpose: str | None = None
     #: None: on for N > 1 servers (where a wiped restart could let a second majority form),
     #: off for one server (whose restart loses the lock whatever we do; fences keep growing)
@@ -161,11 +160,6 @@ class LockOptions:
     #: 0: a grant counts once the primary answered (replication is asynchronous); k > 0: only
     #: once ``WAIT k`` saw k replicas acknowledge it, so a failover keeps it
     replicas: int = 0
-
-    @property
-    def writes_holder_info(self) -> bool:
-        """Whether a grant stores host/pid/purpose beside the lock (``fencelock status``)."""
-        return self.purpose is not None if self.holder_info is None else self.holder_info
 
     @classmethod
     def build(
@@ -180,7 +174,7 @@ class LockOptions:
         retry_cap: object = RETRY_CAP,
         renew_every: object = None,
         handoff_window: object = HANDOFF_WINDOW,
-        holder_info: object = None,
+        holder_info: object = True,
         purpose: object = None,
         restart_delay: object = None,
         replicas: object = 0,
@@ -205,8 +199,8 @@ class LockOptions:
         )
         if renew_s >= ttl_s:
             raise ConfigError(f"renew_every ({renew_s} s) must be shorter than ttl ({ttl_s} s)")
-        if holder_info is not None and not isinstance(holder_info, bool):
-            raise ConfigError(f"holder_info must be a bool or None, not {holder_info!r}")
+        if not isinstance(holder_info, bool):
+            raise ConfigError(f"holder_info must be a bool, not {holder_info!r}")
         if restart_delay is not None and not isinstance(restart_delay, bool):
             raise ConfigError(f"restart_delay must be a bool or None, not {restart_delay!r}")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:

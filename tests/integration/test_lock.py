@@ -126,7 +126,7 @@ def test_stale_lease_cannot_release_or_extend(
 @pytest.mark.parametrize("n", TOPOLOGIES)
 def test_extend_prolongs(topologies: Any, make_lock: LockFactory, key: str, n: int) -> None:
     group = topologies.group(n)
-    lock = make_lock(group.urls, key, ttl=2, holder_info=True)
+    lock = make_lock(group.urls, key, ttl=2)
     lease = lock.acquire(wait=0)
     before = [c.pttl(lock_keys(key).lock) for c in _clients(group)]
     assert all(0 < p <= 2000 for p in before)
@@ -411,26 +411,3 @@ def test_no_orphan_after_a_timed_out_round_on_a_paused_server(
     assert lock_value(client, key) is None, "a failed acquire left the lock held for its TTL"
     lease = lock.acquire(wait=0)  # and the lock is usable again at once
     lease.release()
-
-
-@pytest.mark.parametrize(
-    ("options", "written"),
-    [({}, False), ({"purpose": "billing"}, True), ({"holder_info": True}, True),
-     ({"purpose": "billing", "holder_info": False}, False)],
-)  # fmt: skip
-def test_holder_info_is_written_only_when_asked(
-    topologies: Any,
-    make_lock: LockFactory,
-    key: str,
-    options: dict[str, Any],
-    written: bool,
-) -> None:
-    group = topologies.group(1)
-    lease = make_lock(group.urls, key, ttl=30, **options).acquire(wait=0)
-    try:
-        for client in _clients(group):
-            assert set(our_keys(client, key)) == (
-                {"<lock>", ":fence", ":holder"} if written else {"<lock>", ":fence"}
-            )
-    finally:
-        lease.release()
