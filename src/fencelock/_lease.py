@@ -48,10 +48,41 @@ def lingers(exc_type: type[BaseException] | None) -> bool:
     return exc_type is None or issubclass(exc_type, Exception)
 
 
+class _LazyFlag:
+    """A bool, and the front end's event for it, made on first use only (a lease nobody waits
+    on costs no event: each is a Condition and a lock). ``set``/``clear`` are called with
+    ``lock`` held; :meth:`event` takes it."""
+
+    __slots__ = ("_event", "_lock", "_make", "is_set")
+
+    def __init__(self, make: Callable[[], _Flag], lock: threading.Lock) -> None:
+        self.is_set = False
+        self._event: _Flag | None = None
+        self._make = make
+        self._lock = lock
+
+    def event(self) -> _Flag:
+        with self._lock:
+            if self._event is None:
+                self._event = self._make()
+                if self.is_set:
+                    self._event.set()
+            return self._event
+
+    def set(self) -> None:
+        self.is_set = True
+        if self._event is not None:
+            self._event.set()
+
+    def clear(self) -> None:
+        self.is_set = False
+        if self._event is not None:
+            self._event.clear()
+
+
 class LeaseState:
     """Token, fence and deadline of one acquisition; the subclass provides the type of its
-    ``lost`` and ``at_risk`` events (:meth:`_new_flag`), made on first use only: a lease that
-    nobody waits on costs no event (each one is a Condition and a lock)."""
+    ``lost`` and ``at_risk`` events (:meth:`_new_flag`), made on first use (:class:`_LazyFlag`)."""
 
     def __init__(self, definition: Definition, grant: Grant) -> None:
         self._definition = definition
@@ -68,31 +99,22 @@ class LeaseState:
         self._every_s = 0.0
         self._stop_at: float | None = None
         self._stop_reason: str | None = None
-        self._is_lost = False
-        self._is_at_risk = False
-        self._lost_flag: _Flag | None = None
-        self._risk_flag: _Flag | None = None
+        self._lost = _LazyFlag(self._new_flag, self._state)
+        self._risk = _LazyFlag(self._new_flag, self._state)
 
-    def _new_flag(self) -> _Flag:
+    @staticmethod
+    def _new_flag() -> _Flag:
+        """The front end's event (a static method: a bound one would tie the lease to its
+        flags in a cycle, and leases are held weakly by the renewal)."""
         raise NotImplementedError
 
-    def _lost_event(self) -> _Flag:
-        with self._state:
-            flag = self._lost_flag
-            if flag is None:
-                flag = self._lost_flag = self._new_flag()
-                if self._is_lost:
-                    flag.set()
-            return flag
+    @property
+    def _is_lost(self) -> bool:
+        return self._lost.is_set
 
-    def _risk_event(self) -> _Flag:
-        with self._state:
-            flag = self._risk_flag
-            if flag is None:
-                flag = self._risk_flag = self._new_flag()
-                if self._is_at_risk:
-                    flag.set()
-            return flag
+    @property
+    def _is_at_risk(self) -> bool:
+        return self._risk.is_set
 
     def remaining(self) -> float:
         """Seconds of validity left, on the monotonic clock; 0.0 once released or lost."""
@@ -186,9 +208,7 @@ class LeaseState:
             self._mark_at_risk()
         elif self._is_at_risk:
             with self._state:
-                self._is_at_risk = False
-                if self._risk_flag is not None:
-                    self._risk_flag.clear()
+                self._risk.clear()
             log.warning("lease on %r renewed again: no longer at risk", self.key)
         if step.stop_reason is not None:
             self._stop_reason = step.stop_reason
@@ -200,9 +220,7 @@ class LeaseState:
         with self._state:
             if self._is_at_risk or self._is_lost or self._released:
                 return
-            self._is_at_risk = True
-            if self._risk_flag is not None:
-                self._risk_flag.set()
+            self._risk.set()
             callbacks = list(self._risk_callbacks)
         log.warning(
             "lease on %r at risk: a renewal was not confirmed (%.3f s of validity left)",
@@ -265,9 +283,7 @@ class LeaseState:
             if self._is_lost or self._released:
                 return None
             self.lost_reason = reason
-            self._is_lost = True
-            if self._lost_flag is not None:
-                self._lost_flag.set()
+            self._lost.set()
             callbacks, self._callbacks = self._callbacks, []
         log.error("lease on %r lost: %s", self.key, reason)
         return callbacks

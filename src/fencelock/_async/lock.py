@@ -123,14 +123,15 @@ class Lease(LeaseState):
     @property
     def lost(self) -> asyncio.Event:
         """Set as soon as the lease is known lost (never cleared)."""
-        return cast(asyncio.Event, self._lost_event())
+        return cast(asyncio.Event, self._lost.event())
 
     @property
     def at_risk(self) -> asyncio.Event:
         """Set while a renewal was not confirmed; cleared by the next one that is."""
-        return cast(asyncio.Event, self._risk_event())
+        return cast(asyncio.Event, self._risk.event())
 
-    def _new_flag(self) -> asyncio.Event:
+    @staticmethod
+    def _new_flag() -> asyncio.Event:
         return asyncio.Event()
 
     async def extend(self, ttl: Seconds | None = None) -> None:

@@ -171,14 +171,15 @@ class Lease(LeaseState):
     @property
     def lost(self) -> threading.Event:
         """Set as soon as the lease is known lost (never cleared)."""
-        return cast(threading.Event, self._lost_event())
+        return cast(threading.Event, self._lost.event())
 
     @property
     def at_risk(self) -> threading.Event:
         """Set while a renewal was not confirmed; cleared by the next one that is."""
-        return cast(threading.Event, self._risk_event())
+        return cast(threading.Event, self._risk.event())
 
-    def _new_flag(self) -> threading.Event:
+    @staticmethod
+    def _new_flag() -> threading.Event:
         return threading.Event()
 
     def extend(self, ttl: Seconds | None = None) -> None:
