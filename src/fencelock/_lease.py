@@ -16,6 +16,7 @@ from ._core.extend import Extension, RenewStep, extend, renew
 from ._core.release import ReleaseVerdict, release
 from ._core.timing import seconds_to_ms
 from ._definition import Definition
+from ._holder import new_token
 from .errors import ConfigError, LockLost
 from .options import Seconds, seconds
 
@@ -91,6 +92,7 @@ class LeaseState:
         self.fence = grant.fence
         self.acquired_at = grant.start  # time.monotonic() when the winning round started
         self._deadline = grant.deadline
+        self._waiter = grant.waiter
         self.lost_reason: str | None = None
         self._released = False
         self._callbacks: list[Callable[[Any], object]] = []
@@ -168,7 +170,13 @@ class LeaseState:
         expired = self._deadline <= time.monotonic() or self._is_lost
         if not self._claim_release():
             return None
-        flow = release(self._definition.plan, self.token, expired=expired)
+        flow = release(
+            self._definition.plan,
+            self.token,
+            expired=expired,
+            waiter=self._waiter,
+            new_token=new_token,
+        )
         if _hooks.observers:
             return _hooks.observe_release(flow, self.key, len(self._definition.servers))
         return flow

@@ -31,6 +31,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 from ._core.keys import LockKeys, lock_keys, rw_keys, slot_keys
+from ._core.plan import release_keys
 from ._core.semaphore import check_limit
 from ._plain_clients import describe, plain_client
 from ._scripts import RELEASE
@@ -57,8 +58,9 @@ DEFAULT_TIMEOUT = 1.0
 #: :func:`force_release` tries this many times on a server where the lock changes hands under it.
 FORCE_ATTEMPTS = 3
 
-# release.lua's ARGV[2], ARGV[3] (hand-off window, wake-element lifetime) in ms, as a Lock's own
-_RELEASE_TAIL = (round(HANDOFF_WINDOW * 1000), round(WAKE_LIFETIME * 1000))
+# release.lua's ARGV[2]..ARGV[6] (hand-off window, wake-element lifetime in ms, as a Lock's own;
+# no next holder's token: a waiter is woken to try again rather than handed the lock)
+_RELEASE_TAIL = (round(HANDOFF_WINDOW * 1000), round(WAKE_LIFETIME * 1000), "", 0, "-")
 
 
 #: What :func:`status` can be told (or finds) a key is: ``"auto"`` looks at the keys present.
@@ -540,7 +542,7 @@ def _probe(
 
 def _run_release(client: redis.Redis, keys: LockKeys, token: str | bytes) -> bool:
     """release.lua once (EVALSHA, EVAL on NOSCRIPT): True when it deleted ``token``'s lock."""
-    script_keys = (keys.lock, keys.holder, keys.waiters, keys.wake, keys.handoff)
+    script_keys = release_keys(keys)
     execute: Callable[..., Any] = client.execute_command
     try:
         reply = execute(

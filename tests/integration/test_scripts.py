@@ -53,8 +53,8 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
-    "acquire": "ffba392191b171593dbc51d1323c8a6f50cf97cc",
-    "release": "68850af1ecec02a0774c796e1149e55bed42e2f3",
+    "acquire": "fcd489b0a32e69d08fbd448208a0a31fc1a15150",
+    "release": "3afe686bafa0458d0957c95efcc645ae74d76e1f",
     "extend": "4e3c65ca9dbb8c878577ed2d7e8295abbfc6affb",
     "fence_commit": "d737600cb3d048e087aa81d2a17de7b90c25adbf",
     "elect_announce": "67c5da1be7769ff0c1c763a1bf9f4502ba0b9858",

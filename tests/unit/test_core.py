@@ -332,7 +332,7 @@ def test_keys_share_one_hash_tag() -> None:
         assert key.startswith("fencelock:{orders:42}")
         tag = key[key.index("{") + 1 : key.index("}")]
         assert tag == "orders:42"
-    assert len(set(keys.script_keys)) == 6
+    assert len(set(keys.script_keys)) == 7
 
 
 # -- the fence property --------------------------------------------------------------------------

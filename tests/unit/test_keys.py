@@ -68,6 +68,7 @@ def test_names_without_braces_keep_their_v0_1_keys() -> None:
         "fencelock:{orders:42}:waiters",
         "fencelock:{orders:42}:wake",
         "fencelock:{orders:42}:handoff",
+        "fencelock:{orders:42}:claimed",  # v0.2: a claimed hand-over
     )
 
 
@@ -83,7 +84,7 @@ def test_a_name_starting_with_a_closing_brace_gets_a_non_empty_tag() -> None:
 @given(name=names)
 def test_every_key_of_a_lock_shares_one_non_empty_tag(name: str) -> None:
     keys = lock_keys(name)
-    assert len(set(keys.script_keys)) == 6
+    assert len(set(keys.script_keys)) == 7
     tags = {cluster_tag(key) for key in keys.script_keys}
     assert len(tags) == 1
     (tag,) = tags

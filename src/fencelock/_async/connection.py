@@ -234,6 +234,13 @@ class AsyncConnection(asyncio.Protocol):
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
+    def end_writing(self) -> None:
+        """End our half of the connection (the server then closes it, after answering what
+        it already had); only for a connection of this process."""
+        transport = self._transport
+        if transport is not None and self.owner_pid == os.getpid() and transport.can_write_eof():
+            transport.write_eof()
+
     def close(self) -> None:
         """Abort the transport (no shutdown, no TLS close_notify); idempotent. A request in
         flight fails with ``ConnectionAbortedError``. In a forked child the inherited transport

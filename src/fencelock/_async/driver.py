@@ -392,13 +392,14 @@ class AsyncDriver:
             task.add_done_callback(functools.partial(_straggler_done, call, suspect, give_up))
         round_.calls.clear()
 
-    async def _pause(self, effect: fx.Pause) -> bool:
+    async def _pause(self, effect: fx.Pause) -> object:
         delay = effect.delay_s
+        nothing: object = None if effect.claim is not None else False
         if delay < 0.001:
-            return False
+            return nothing
         if effect.wake is None or self.servers[effect.wake[0]].health.suspect:
             await asyncio.sleep(delay)
-            return False
+            return nothing
         loop = asyncio.get_running_loop()
         server = self.servers[effect.wake[0]]
         node = server.route((effect.wake[1],))
@@ -406,13 +407,28 @@ class AsyncDriver:
             conn = take_blocking(node, loop)
         except ConnectionError:  # no sentinel named the master: sleep instead
             await asyncio.sleep(delay)
-            return False
+            return nothing
         started = time.monotonic()
         timer = loop.call_later(delay + self.timeout_s, conn.close)
+        if effect.claim is None:
+            payload = command("BLPOP", effect.wake[1], f"{delay:.3f}")
+        else:
+            payload = command(
+                "BLMOVE", effect.wake[1], effect.claim, "LEFT", "RIGHT", f"{delay:.3f}"
+            )
+        request = asyncio.ensure_future(conn.request(payload, 1))
         try:
-            replies = await conn.request(command("BLPOP", effect.wake[1], f"{delay:.3f}"), 1)
-        except asyncio.CancelledError:
-            conn.close()
+            replies = await asyncio.shield(request)
+        except asyncio.CancelledError as exc:
+            if effect.claim is None:
+                request.cancel()
+                conn.close()
+                raise
+            # the server may have moved an element for us: end our half of the connection
+            # and hear what it sent before, so that a claim is never lost
+            element = await _moved(conn, request, self.timeout_s)
+            if element is not None:
+                raise fx.ClaimInterrupted(element, exc) from exc
             raise
         except Exception as exc:
             conn.close()
@@ -420,15 +436,35 @@ class AsyncDriver:
             rest = delay - (time.monotonic() - started)
             if rest > 0:
                 await asyncio.sleep(rest)
-            return False
+            return nothing
         finally:
             timer.cancel()
         give_back(node, loop, conn)
-        if isinstance(replies[0], ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
+        reply = replies[0]
+        if isinstance(reply, ReplyError):  # refused (an ACL, an old server): sleep, not spin
             rest = delay - (time.monotonic() - started)
             if rest > 0:
                 await asyncio.sleep(rest)
-        return isinstance(replies[0], list)
+        if effect.claim is not None:
+            return reply if isinstance(reply, bytes) else None
+        return isinstance(reply, list)
+
+
+async def _moved(
+    conn: AsyncConnection, request: asyncio.Future[list[object]], timeout_s: float
+) -> bytes | None:
+    """After a cancelled ``BLMOVE``: the element the server moved for us, if it did."""
+    try:
+        conn.end_writing()
+        replies = await asyncio.wait_for(asyncio.shield(request), timeout_s)
+    except BaseException:
+        return None
+    finally:
+        request.cancel()
+        conn.close()
+    if replies and isinstance(replies[0], bytes):
+        return replies[0]
+    return None
 
 
 def _loop_time(loop: asyncio.AbstractEventLoop, monotonic_s: float) -> float:

@@ -26,6 +26,7 @@ from typing import Protocol
 from .backoff import retry_delay_s
 from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Classify, Flow, Identify, Pause
 from .fencing import needs_commit
+from .handover import Handed, claim, offered_token
 from .plan import LockPlan
 from .quorum import Outcome, Tally
 from .release import release_round
@@ -53,6 +54,7 @@ class Grant:
     start: float
     deadline: float
     slot: int = 0  # the semaphore slot won (0 for every other kind of lock)
+    waiter: str = "-"  # the waiter id still registered (a grant claimed from a hand-over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +278,27 @@ def acquire(
             rand=rand(),
         )
         held = first_held(result.tally)
-        woken = yield Pause(delay, None if held is None else (held, plan.keys.wake))
+        if held is None or not plan.hands_over or attempt_with is not None:
+            woken = yield Pause(delay, None if held is None else (held, plan.keys.wake))
+            continue
+        claimed = yield from claim(plan, delay, held, _giver(plan, waiter, new_token))
+        if claimed.handed is not None:
+            handed = claimed.handed
+            return Grant(handed.token, handed.fence, claimed.paused_at, claimed.deadline, 0, waiter)
+        woken = claimed.woken
+
+
+def _giver(
+    plan: LockPlan, waiter: str, new_token: Callable[[], str]
+) -> Callable[[Handed], Flow[object]]:
+    """Releases a claimed grant that cannot be used, handing it over to the next waiter."""
+
+    def give_back(handed: Handed) -> Flow[object]:
+        return release_round(
+            plan, handed.token, waiter=waiter, next_token=offered_token(plan, new_token)
+        )
+
+    return give_back
 
 
 def _bound(plan: LockPlan) -> AttemptFn:

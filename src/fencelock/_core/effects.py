@@ -9,7 +9,11 @@ a round, what a reply means) is carried by the effect itself, so one flow serves
   ``classify`` until ``stop(tally)`` holds or the budget ends; answer: None (votes go to the
   broadcast's ``tally``).
 - ``SETTLE``: waits for the last broadcast's stragglers, to its deadline; answer: None.
-- ``Pause``: sleeps up to ``delay_s``, woken early by a wake element; answer: True if woken.
+- ``Pause``: sleeps up to ``delay_s``, woken early by a wake element; answer: True if woken;
+  with ``claim``, the element itself (``bytes``; it was moved to the ``claim`` list) or None.
+  If the wait is interrupted after the server may have moved an element, the driver finds out
+  (it half-closes the connection and reads what came) and raises :class:`ClaimInterrupted`
+  carrying the element, so that the flow can give back what it claimed.
 - ``Repeat``: repeats a script in the background on servers that did not answer, until one
   answer more than the first (or ``until_s``); answer: None.
 - ``IDENTITIES``: each server's last known identity, no I/O; answer: a tuple (None: unknown).
@@ -101,10 +105,23 @@ class Broadcast:
 
 @dataclass(frozen=True, slots=True)
 class Pause:
-    """Sleep up to ``delay_s``; ``wake`` = (server index, list key) to block on instead."""
+    """Sleep up to ``delay_s``; ``wake`` = (server index, list key) to block on instead;
+    ``claim``: move the element to this list (``BLMOVE``) rather than pop it (``BLPOP``)."""
 
     delay_s: float
     wake: tuple[int, str] | None = None
+    claim: str | None = None
+
+
+class ClaimInterrupted(BaseException):
+    """Raised by a driver into the flow when a claiming :class:`Pause` was interrupted (a
+    KeyboardInterrupt, a cancellation) after the server had moved ``element`` for us; the flow
+    gives the claim back and raises ``cause``."""
+
+    def __init__(self, element: bytes, cause: BaseException) -> None:
+        super().__init__(element, cause)
+        self.element = element
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from .acquire import Attempt, AttemptFn, Grant, grant_attempt
 from .backoff import retry_delay_s
 from .effects import NOW, Broadcast, Flow, Pause, Repeat
-from .plan import LockPlan, Wiring
+from .plan import LockPlan, Wiring, release_keys
 from .quorum import Outcome, Tally
 from .replies import AcquireReply, ProtocolError, _int, decode_flag
 from .verdicts import acquire_failure
@@ -160,7 +160,7 @@ def _quiet(plan: LockPlan) -> LockPlan:
         replace(
             plan.wiring,
             release="release",
-            release_keys=(k.lock, k.holder, k.waiters, k.wake, k.handoff),
+            release_keys=release_keys(k),
         ),
     )
 

@@ -44,12 +44,21 @@ class LockKeys:
     waiters: str  # set by a refused acquire: "someone is waiting", PX = the holder's lease
     wake: str  # release pushes one element here to wake one blocked waiter
     handoff: str  # set by a release that woke a waiter: newcomers step aside briefly
+    claimed: str  # a waiter that claims a grant a release handed over moves it here (BLMOVE)
     observers: str  # elections: observer id -> expiry (zset); each one's wake list is
     # ``observers + ":" + id``
 
     @property
-    def script_keys(self) -> tuple[str, str, str, str, str, str]:
-        return (self.lock, self.fence, self.holder, self.waiters, self.wake, self.handoff)
+    def script_keys(self) -> tuple[str, str, str, str, str, str, str]:
+        return (
+            self.lock,
+            self.fence,
+            self.holder,
+            self.waiters,
+            self.wake,
+            self.handoff,
+            self.claimed,
+        )
 
 
 def lock_keys(name: str) -> LockKeys:
@@ -61,6 +70,7 @@ def lock_keys(name: str) -> LockKeys:
         waiters=base + ":waiters",
         wake=base + ":wake",
         handoff=base + ":handoff",
+        claimed=base + ":claimed",
         observers=base + ":observers",
     )
 
@@ -78,6 +88,7 @@ def slot_keys(name: str, slot: int) -> LockKeys:
         waiters=shared.waiters,
         wake=shared.wake,
         handoff=own + ":handoff",
+        claimed=own + ":claimed",
         observers=shared.observers,
     )
 

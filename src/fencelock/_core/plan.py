@@ -26,15 +26,20 @@ class Wiring:
     extend_keys: tuple[str, ...]
 
 
+def release_keys(k: LockKeys) -> tuple[str, ...]:
+    """The keys ``release.lua`` is called with."""
+    return (k.lock, k.holder, k.waiters, k.wake, k.handoff, k.fence, k.claimed)
+
+
 def lock_wiring(k: LockKeys) -> Wiring:
     """The scripts and keys of an ordinary lock (or of one semaphore slot)."""
     return Wiring(
         acquire="acquire",
-        acquire_keys=(k.lock, k.fence, k.holder, k.waiters, k.handoff),
+        acquire_keys=(k.lock, k.fence, k.holder, k.waiters, k.handoff, k.wake, k.claimed),
         commit="fence_commit",
         commit_keys=(k.lock, k.fence),
         release="release",
-        release_keys=(k.lock, k.holder, k.waiters, k.wake, k.handoff),
+        release_keys=release_keys(k),
         extend="extend",
         extend_keys=(k.lock, k.holder),
     )
@@ -51,7 +56,10 @@ class LockPlan:
     - ``restart_delay``: a server seen restarting (its run_id changed) less than ``ttl_ms`` ago
       does not vote in an acquire (see ``verdicts.restarting``);
     - ``wait``: what the grant, commit and extend rounds ask each server's replicas to
-      acknowledge (``WAIT``) before its vote counts; None: nothing (``replicas=0``).
+      acknowledge (``WAIT``) before its vote counts; None: nothing (``replicas=0``);
+    - ``hands_over``: a release that finds a waiter grants the lock to it in the same script
+      (one round trip per hand-off; see :func:`hands_over`); False for the plans
+      :meth:`rewired` to other scripts and keys.
     """
 
     key: str
@@ -68,6 +76,7 @@ class LockPlan:
     wiring: Wiring
     restart_delay: bool = False
     wait: Wait | None = None
+    hands_over: bool = False
 
     @property
     def n(self) -> int:
@@ -103,7 +112,7 @@ class LockPlan:
 
     def rewired(self, keys: LockKeys, wiring: Wiring) -> LockPlan:
         """The same lock timing over other keys and scripts (a slot, a reader, a writer)."""
-        return replace(self, keys=keys, wiring=wiring)
+        return replace(self, keys=keys, wiring=wiring, hands_over=False)
 
 
 def make_plan(
@@ -123,11 +132,14 @@ def make_plan(
 ) -> LockPlan:
     """A plan from validated options (seconds); raises nothing."""
     keys = lock_keys(key)
+    ttl_ms = seconds_to_ms(ttl_s)
+    handoff_ms = seconds_to_ms(handoff_window_s) if handoff_window_s else 1
+    wait = replica_wait(replicas, server_timeout_s)
     return LockPlan(
         key=key,
         names=names,
         keys=keys,
-        ttl_ms=seconds_to_ms(ttl_s),
+        ttl_ms=ttl_ms,
         drift_factor=drift_factor,
         drift_min_ms=drift_min_s * 1000.0,
         # connect, handshake and reply are one step of the parallel round, under one timeout;
@@ -135,12 +147,25 @@ def make_plan(
         budget_s=server_timeout_s + 0.01,
         retry_base_s=retry_base_s,
         retry_cap_s=retry_cap_s,
-        handoff_ms=seconds_to_ms(handoff_window_s) if handoff_window_s else 1,
+        handoff_ms=handoff_ms,
         wake_ms=seconds_to_ms(wake_lifetime_s),
         wiring=lock_wiring(keys),
         restart_delay=restart_delay,
-        wait=replica_wait(replicas, server_timeout_s),
+        wait=wait,
+        hands_over=hands_over(len(names), ttl_ms, handoff_ms, wait),
     )
+
+
+def hands_over(n: int, ttl_ms: int, handoff_ms: int, wait: Wait | None) -> bool:
+    """Whether a release grants the lock to a waiter itself (one round trip per hand-off).
+
+    Only over one server (over N, a waiter needs a majority of grants, which no single
+    release can give) and without ``replicas=k`` (a grant made by a release would count
+    before ``WAIT`` confirmed it). The claimer counts its lease from before it blocked, less
+    the claim window (``handoff_ms``: the grant may have waited that long for it), so the
+    window must be small against the lease: at most a quarter of it.
+    """
+    return n == 1 and wait is None and handoff_ms * 4 <= ttl_ms
 
 
 def replica_wait(replicas: int, server_timeout_s: float) -> Wait | None:

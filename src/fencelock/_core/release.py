@@ -8,10 +8,12 @@ servers that answered "not ours": the acquire round's straggler may still be on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import LockLost, Unavailable
 from .effects import Broadcast, Flow, NotSent, Repeat
+from .handover import offered_token
 from .plan import LockPlan
 from .quorum import Outcome, Tally, summary
 from .replies import classify_release
@@ -20,15 +22,25 @@ from .verdicts import outage, silent, votes
 
 
 def release_round(
-    plan: LockPlan, token: str, targets: tuple[int, ...] | None = None
+    plan: LockPlan,
+    token: str,
+    targets: tuple[int, ...] | None = None,
+    *,
+    waiter: str = "-",
+    next_token: str = "",
 ) -> Flow[Tally]:
-    """Release ``token`` on ``targets`` (default: every server); returns the round's tally."""
+    """Release ``token`` on ``targets`` (default: every server); returns the round's tally.
+
+    ``next_token`` (see :mod:`.handover`): where a waiter is registered, the lock is granted
+    at once under this token to the first waiter that claims it; ``waiter``: the releaser's
+    own waiter id (a holder that claimed a hand-over is still registered as a waiter)."""
     targets = plan.everyone if targets is None else targets
     tally = Tally(plan.n)
-    for index in plan.everyone:
-        if index not in targets:
-            tally.record(index, Outcome.HELD)
-    args = (token, plan.handoff_ms, plan.wake_ms)
+    if len(targets) < plan.n:
+        for index in plan.everyone:
+            if index not in targets:
+                tally.record(index, Outcome.HELD)
+    args = (token, plan.handoff_ms, plan.wake_ms, next_token, plan.ttl_ms, waiter)
     yield Broadcast(
         plan.wiring.release,
         targets,
@@ -67,9 +79,20 @@ class ReleaseVerdict:
     error: LockLost | Unavailable | None
 
 
-def release(plan: LockPlan, token: str, *, expired: bool) -> Flow[ReleaseVerdict]:
-    """Release a lease; ``expired``: its local deadline had passed or it was known lost."""
-    tally = yield from release_round(plan, token)
+def release(
+    plan: LockPlan,
+    token: str,
+    *,
+    expired: bool,
+    waiter: str = "-",
+    new_token: Callable[[], str] | None = None,
+) -> Flow[ReleaseVerdict]:
+    """Release a lease; ``expired``: its local deadline had passed or it was known lost;
+    ``new_token``: where the plan hands over, the source of the next holder's token;
+    ``waiter``: the lease's waiter id (set when it was claimed from a hand-over)."""
+    tally = yield from release_round(
+        plan, token, waiter=waiter, next_token=offered_token(plan, new_token)
+    )
     if tally.won:
         return ReleaseVerdict(None)
     text = summary(plan.key, tally)

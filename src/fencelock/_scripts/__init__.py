@@ -25,8 +25,8 @@ def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
     return Script(name, source, hashlib.sha1(source).hexdigest(), numkeys, variadic)
 
 
-ACQUIRE = _load("acquire", 5)
-RELEASE = _load("release", 5)
+ACQUIRE = _load("acquire", 7)
+RELEASE = _load("release", 7)
 EXTEND = _load("extend", 2)
 FENCE_COMMIT = _load("fence_commit", 2)
 ELECT_ANNOUNCE = _load("elect_announce", 3)

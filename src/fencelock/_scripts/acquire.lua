@@ -1,6 +1,7 @@
 -- acquire: take the lock if it is free and bump the fence register, in one round trip.
 -- KEYS[1] lock key            KEYS[2] fence register (no TTL)     KEYS[3] holder info
 -- KEYS[4] waiters (zset: waiter id -> expiry in server ms)        KEYS[5] hand-off marker
+-- KEYS[6] wake list           KEYS[7] claimed list (a claimed hand-off grant's element)
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
 -- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
@@ -9,6 +10,9 @@
 --         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way);
 --                      a caller that will wait is registered as a waiter until
 --                      min(pttl + 1 s, its remaining wait + 100 ms) from now
+-- A grant that release.lua handed to the waiters (its token starts with 'h') and that no
+-- waiter claimed before its wake element expired (nobody moved it to KEYS[7]) is void: the
+-- caller takes its place.
 local now = redis.call('TIME')
 local function refuse(pttl)
   local patience = tonumber(ARGV[6])
@@ -21,10 +25,7 @@ local function refuse(pttl)
   if redis.call('PTTL', KEYS[4]) < hint then redis.call('PEXPIRE', KEYS[4], hint) end
   return {0, pttl}
 end
-if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
-  return refuse(redis.call('PTTL', KEYS[5]))
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local function grant()
   if ARGV[4] == '1' then redis.call('DEL', KEYS[5]) end
   if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
   local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -32,5 +33,24 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], string.format('%.0f', fence))
   if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
   return {1, fence}
+end
+if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
+  return refuse(redis.call('PTTL', KEYS[5]))
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return grant()
+end
+local function claimed(token)
+  for _, element in ipairs(redis.call('LRANGE', KEYS[7], 0, 7)) do
+    if string.sub(element, 1, #token + 1) == token .. ' ' then return true end
+  end
+  return false
+end
+local holder = redis.call('GET', KEYS[1])
+if holder and string.byte(holder, 1) == 104 and redis.call('EXISTS', KEYS[6]) == 0
+    and not claimed(holder) then
+  redis.call('DEL', KEYS[7])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return grant()
 end
 return refuse(redis.call('PTTL', KEYS[1]))

@@ -1,21 +1,43 @@
--- release: compare-and-delete; wake one waiter if any is still registered.
+-- release: compare-and-delete; then hand the lock to the waiters, or wake one of them.
 -- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] waiters (zset: id -> expiry in server ms)
 -- KEYS[4] wake list  KEYS[5] hand-off marker
+-- KEYS[6] fence register (no TTL)          KEYS[7] claimed list
 -- ARGV[1] token      ARGV[2] hand-off window in ms   ARGV[3] wake element lifetime in ms
+-- ARGV[4] the next holder's token, starting with 'h' ('': only wake a waiter)
+-- ARGV[5] the next holder's lease in ms    ARGV[6] the releaser's waiter id ('-': none)
 -- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
+-- With a waiter still registered: given a next token, the lock is granted at once under it
+-- (PX ARGV[5], fence = max(F + 1, server TIME in us), stored in F) and the wake list holds
+-- one element 'token fence lease_ms' for ARGV[2] ms: the first waiter blocked on it claims
+-- the grant by moving it to KEYS[7] (BLMOVE); an unclaimed one is void once it expired (see
+-- acquire.lua). Without a next token, one waiter is woken to try again, and newcomers step
+-- aside for ARGV[2] ms.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])
+if string.byte(ARGV[1], 1) == 104 then redis.call('DEL', KEYS[7]) end
 if redis.call('EXISTS', KEYS[3]) == 1 then
+  if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
   if redis.call('ZCARD', KEYS[3]) > 0 then
     redis.call('DEL', KEYS[4])
-    redis.call('RPUSH', KEYS[4], '1')
-    redis.call('PEXPIRE', KEYS[4], ARGV[3])
-    redis.call('SET', KEYS[5], '1', 'PX', ARGV[2])
+    if ARGV[4] ~= '' then
+      redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+      local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+      local fence = string.format('%.0f',
+        math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, now_us))
+      redis.call('SET', KEYS[6], fence)
+      redis.call('DEL', KEYS[7])
+      redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5])
+      redis.call('PEXPIRE', KEYS[4], ARGV[2])
+    else
+      redis.call('RPUSH', KEYS[4], '1')
+      redis.call('PEXPIRE', KEYS[4], ARGV[3])
+      redis.call('SET', KEYS[5], '1', 'PX', ARGV[2])
+    end
   end
 end
 return 1

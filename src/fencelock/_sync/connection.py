@@ -20,6 +20,7 @@ Rules of this module:
 from __future__ import annotations
 
 import errno
+import math
 import os
 import select
 import selectors
@@ -370,6 +371,33 @@ class Connection:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+
+    def finish_after_eof(self, timeout_s: float) -> list[object] | None:
+        """End our half of the connection (``shutdown(SHUT_WR)``) and read what the server
+        still sends for the request in flight, at most ``timeout_s`` seconds: its replies, or
+        None (it closed first, or the time ran out). Only for a connection of this process;
+        the connection cannot be used afterwards (close it)."""
+        sock = self._sock
+        if not self._busy or sock is None or self.owner_pid != os.getpid():
+            return None
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return None
+        deadline = time.monotonic() + timeout_s
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        while True:
+            try:
+                result = self.advance()
+            except OSError:
+                return None
+            if result is not None:
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            poller.poll(math.ceil(remaining * 1000.0))
 
     def call(self, payload: bytes, replies: int, timeout_s: float) -> list[object]:
         """Blocking convenience: send one request and wait for its replies on a selector of

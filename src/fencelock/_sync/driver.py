@@ -23,6 +23,7 @@ from .._core.effects import (
     NOW,
     SETTLE,
     Broadcast,
+    ClaimInterrupted,
     Effect,
     Flow,
     Identify,
@@ -475,37 +476,72 @@ class Driver:
 
     # -- waiting ------------------------------------------------------------------------------
 
-    def _pause(self, effect: Pause) -> bool:
-        """Sleep up to ``delay_s``, or block on the wake list of one server: True if woken."""
+    def _pause(self, effect: Pause) -> object:
+        """Sleep up to ``delay_s``, or block on the wake list of one server: True if woken
+        (with ``claim``: the element moved to the claim list, or None)."""
         delay = effect.delay_s
         if delay < 0.001:
-            return False
+            return None if effect.claim is not None else False
         if effect.wake is None or self.servers[effect.wake[0]].health.suspect:
             time.sleep(delay)
-            return False
+            return None if effect.claim is not None else False
         server = self.servers[effect.wake[0]]
         node = server.route((effect.wake[1],))
         try:
             conn = take(node)
         except ConnectionError:  # no sentinel named the master: sleep instead
             time.sleep(delay)
-            return False
+            return None if effect.claim is not None else False
         started = time.monotonic()
-        try:
-            replies = conn.call(
-                command("BLPOP", effect.wake[1], f"{delay:.3f}"), 1, delay + self.timeout_s
+        if effect.claim is None:
+            payload = command("BLPOP", effect.wake[1], f"{delay:.3f}")
+        else:
+            payload = command(
+                "BLMOVE", effect.wake[1], effect.claim, "LEFT", "RIGHT", f"{delay:.3f}"
             )
-        except Exception as exc:
-            conn.close()
+        try:
+            replies = conn.call(payload, 1, delay + self.timeout_s)
+        except BaseException as exc:
+            if effect.claim is None:
+                conn.close()
+                if not isinstance(exc, Exception):
+                    raise
+                reply = None
+            else:
+                # the server may have moved an element for us: hear what it sent before the
+                # end of our half of the connection, so that a claim is never lost
+                reply = _moved(conn, self.timeout_s)
+                if reply is not None and not isinstance(exc, Exception):
+                    raise ClaimInterrupted(reply, exc) from exc
+                if not isinstance(exc, Exception):
+                    raise
+            if reply is not None:
+                return reply
             self._failed(server, exc)
             rest = delay - (time.monotonic() - started)
             if rest > 0:
                 time.sleep(rest)
-            return False
+            return None if effect.claim is not None else False
         node.idle.append(conn)
-        reply = replies[0]
-        if isinstance(reply, ReplyError):  # BLPOP refused (an ACL): sleep, do not spin
+        answer = replies[0]
+        if isinstance(answer, ReplyError):  # refused (an ACL, an old server): sleep, not spin
             rest = delay - (time.monotonic() - started)
             if rest > 0:
                 time.sleep(rest)
-        return isinstance(reply, list)
+        if effect.claim is not None:
+            return answer if isinstance(answer, bytes) else None
+        return isinstance(answer, list)
+
+
+def _moved(conn: Connection, timeout_s: float) -> bytes | None:
+    """After an interrupted ``BLMOVE``: the element the server moved for us, if it did (the
+    connection is half-closed, so the server either answered before or never will)."""
+    try:
+        replies = conn.finish_after_eof(timeout_s)
+    except BaseException:
+        return None
+    finally:
+        conn.close()
+    if replies and isinstance(replies[0], bytes):
+        return replies[0]
+    return None
