@@ -57,6 +57,7 @@ class AsyncConnection(asyncio.Protocol):
         self.identify = identify
         self.identity: Identity | None = None
         self.last_used = 0.0
+        self.client_id: int | None = None  # CLIENT ID, asked before a claiming wait
         self.owner_pid = os.getpid()
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Future[None] | None = None
@@ -233,13 +234,6 @@ class AsyncConnection(asyncio.Protocol):
         self._fail(exc)
 
     # ---- lifecycle ---------------------------------------------------------------------------
-
-    def end_writing(self) -> None:
-        """End our half of the connection (the server then closes it, after answering what
-        it already had); only for a connection of this process."""
-        transport = self._transport
-        if transport is not None and self.owner_pid == os.getpid() and transport.can_write_eof():
-            transport.write_eof()
 
     def close(self) -> None:
         """Abort the transport (no shutdown, no TLS close_notify); idempotent. A request in

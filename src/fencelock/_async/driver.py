@@ -25,9 +25,11 @@ from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import (
     CALLS,
+    CLIENT_ID,
     PING,
     Calls,
     answer,
+    client_id,
     full_call,
     is_noscript,
     is_readonly,
@@ -416,6 +418,13 @@ class AsyncDriver:
             payload = command(
                 "BLMOVE", effect.wake[1], effect.claim, "LEFT", "RIGHT", f"{delay:.3f}"
             )
+        try:
+            if effect.claim is not None and conn.client_id is None:
+                conn.client_id = client_id((await conn.request(CLIENT_ID, 1))[0])
+        except BaseException:
+            timer.cancel()
+            conn.close()
+            raise
         request = asyncio.ensure_future(conn.request(payload, 1))
         try:
             replies = await asyncio.shield(request)
@@ -424,9 +433,9 @@ class AsyncDriver:
                 request.cancel()
                 conn.close()
                 raise
-            # the server may have moved an element for us: end our half of the connection
-            # and hear what it sent before, so that a claim is never lost
-            element = await _moved(conn, request, self.timeout_s)
+            # the server may have moved an element for us: end the wait from another
+            # connection (CLIENT UNBLOCK) and hear the answer, so a claim is never lost
+            element = await _unblocked(node, loop, conn, request, self.timeout_s)
             if element is not None:
                 raise fx.ClaimInterrupted(element, exc) from exc
             raise
@@ -450,18 +459,26 @@ class AsyncDriver:
         return isinstance(reply, list)
 
 
-async def _moved(
-    conn: AsyncConnection, request: asyncio.Future[list[object]], timeout_s: float
+async def _unblocked(
+    node: Server,
+    loop: asyncio.AbstractEventLoop,
+    blocked: AsyncConnection,
+    request: asyncio.Future[list[object]],
+    timeout_s: float,
 ) -> bytes | None:
-    """After a cancelled ``BLMOVE``: the element the server moved for us, if it did."""
+    """End ``blocked``'s wait (``CLIENT UNBLOCK`` on the shared connection) and return the
+    element its ``BLMOVE`` moved, if it moved one; within two server timeouts."""
     try:
-        conn.end_writing()
+        if blocked.client_id is None:
+            return None
+        unblock = command("CLIENT", "UNBLOCK", blocked.client_id)
+        await asyncio.wait_for(shared(node, loop).request(unblock, 1), timeout_s)
         replies = await asyncio.wait_for(asyncio.shield(request), timeout_s)
     except BaseException:
         return None
     finally:
         request.cancel()
-        conn.close()
+        blocked.close()
     if replies and isinstance(replies[0], bytes):
         return replies[0]
     return None

@@ -109,7 +109,13 @@ def claim(
     if deadline > now and deadline - now < REFRESH_BELOW * full_validity_s(plan):
         # the grant came late in a long wait (or the lease is short against the claim
         # window): a fresh lease costs one extend round, as a woken waiter's acquire would
-        refreshed = yield from extend(plan, handed.token, plan.ttl_ms, deadline)
+        try:
+            refreshed = yield from extend(plan, handed.token, plan.ttl_ms, deadline)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from give_back(handed)
+            raise
         deadline = refreshed.deadline
         now = yield NOW
     if deadline <= now:

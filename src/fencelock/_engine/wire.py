@@ -66,6 +66,12 @@ def is_noscript(reply: object) -> bool:
 
 
 PING = command("PING")
+CLIENT_ID = command("CLIENT", "ID")
+
+
+def client_id(reply: object) -> int | None:
+    """The connection's id from a ``CLIENT ID`` reply (None: refused, e.g. by an ACL)."""
+    return reply if isinstance(reply, int) and not isinstance(reply, bool) else None
 
 
 def wait_tail(wait: Wait | None) -> tuple[bytes, int]:

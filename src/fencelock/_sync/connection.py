@@ -86,6 +86,7 @@ class Connection:
         self.identify = identify  # the handshake asks INFO/ROLE (see handshake.prelude)
         self.identity: Identity | None = None
         self.last_used = 0.0
+        self.client_id: int | None = None  # CLIENT ID, asked before a claiming wait
         self.owner_pid = os.getpid()
         self._sock: socket.socket | None = None
         self._state = _NEW
@@ -372,17 +373,11 @@ class Connection:
         if sock is not None:
             sock.close()
 
-    def finish_after_eof(self, timeout_s: float) -> list[object] | None:
-        """End our half of the connection (``shutdown(SHUT_WR)``) and read what the server
-        still sends for the request in flight, at most ``timeout_s`` seconds: its replies, or
-        None (it closed first, or the time ran out). Only for a connection of this process;
-        the connection cannot be used afterwards (close it)."""
+    def finish(self, timeout_s: float) -> list[object] | None:
+        """Wait for the replies of the request in flight (after :meth:`call` was interrupted),
+        at most ``timeout_s`` seconds: the replies, or None (failed, or the time ran out)."""
         sock = self._sock
         if not self._busy or sock is None or self.owner_pid != os.getpid():
-            return None
-        try:
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
             return None
         deadline = time.monotonic() + timeout_s
         poller = select.poll()

@@ -39,7 +39,17 @@ from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
-from .._engine.wire import CALLS, PING, answer, full_call, is_noscript, is_readonly, wait_tail
+from .._engine.wire import (
+    CALLS,
+    CLIENT_ID,
+    PING,
+    answer,
+    client_id,
+    full_call,
+    is_noscript,
+    is_readonly,
+    wait_tail,
+)
 from .._scripts import Script
 from .background import background
 from .connection import Connection
@@ -500,23 +510,22 @@ class Driver:
                 "BLMOVE", effect.wake[1], effect.claim, "LEFT", "RIGHT", f"{delay:.3f}"
             )
         try:
+            if effect.claim is not None and conn.client_id is None:
+                conn.client_id = client_id(conn.call(CLIENT_ID, 1, self.timeout_s)[0])
             replies = conn.call(payload, 1, delay + self.timeout_s)
         except BaseException as exc:
-            if effect.claim is None:
-                conn.close()
-                if not isinstance(exc, Exception):
-                    raise
-                reply = None
-            else:
-                # the server may have moved an element for us: hear what it sent before the
-                # end of our half of the connection, so that a claim is never lost
-                reply = _moved(conn, self.timeout_s)
-                if reply is not None and not isinstance(exc, Exception):
-                    raise ClaimInterrupted(reply, exc) from exc
-                if not isinstance(exc, Exception):
-                    raise
+            reply = None
+            if effect.claim is not None and not conn.closed:
+                # the server may have moved an element for us: end the wait from another
+                # connection (CLIENT UNBLOCK) and hear the answer, so a claim is never lost
+                reply = self._unblocked(node, conn)
+            conn.close()
             if reply is not None:
+                if not isinstance(exc, Exception):
+                    raise ClaimInterrupted(reply, exc) from exc
                 return reply
+            if not isinstance(exc, Exception):
+                raise
             self._failed(server, exc)
             rest = delay - (time.monotonic() - started)
             if rest > 0:
@@ -532,16 +541,18 @@ class Driver:
             return answer if isinstance(answer, bytes) else None
         return isinstance(answer, list)
 
-
-def _moved(conn: Connection, timeout_s: float) -> bytes | None:
-    """After an interrupted ``BLMOVE``: the element the server moved for us, if it did (the
-    connection is half-closed, so the server either answered before or never will)."""
-    try:
-        replies = conn.finish_after_eof(timeout_s)
-    except BaseException:
+    def _unblocked(self, node: Server, blocked: Connection) -> bytes | None:
+        """End ``blocked``'s wait (``CLIENT UNBLOCK`` from another connection) and return the
+        element its ``BLMOVE`` moved, if it moved one; within two server timeouts."""
+        if blocked.client_id is None:
+            return None
+        try:
+            other = take(node)
+            other.call(command("CLIENT", "UNBLOCK", blocked.client_id), 1, self.timeout_s)
+        except BaseException:
+            return None
+        node.idle.append(other)
+        replies = blocked.finish(self.timeout_s)
+        if replies and isinstance(replies[0], bytes):
+            return replies[0]
         return None
-    finally:
-        conn.close()
-    if replies and isinstance(replies[0], bytes):
-        return replies[0]
-    return None
