@@ -75,21 +75,25 @@ EXIT_UNREACHABLE = 69
 
 #: The least-privilege user for fencelock's lock servers (documented in docs/deploying.md):
 #: exactly the commands fencelock sends (``INFO``/``ROLE`` on new connections, ``EVALSHA``/
-#: ``EVAL``, ``BLPOP`` to wait for a release, ``PING`` to probe a server) plus the commands its
-#: scripts call, on ``fencelock:*`` keys only. ``AUTH`` is always allowed; ``SELECT`` is
+#: ``EVAL``, ``BLPOP`` / ``BLMOVE`` to wait for a release (and claim a hand-over),
+#: ``CLIENT ID`` / ``CLIENT UNBLOCK`` to end an interrupted claim, ``PING`` to probe a server)
+#: plus the commands its scripts call, on ``fencelock:*`` keys only. ``AUTH`` is always allowed; ``SELECT`` is
 #: needed for a database other than 0.
 ACL_SETUSER = (
     "ACL SETUSER fencelock on >CHANGE-ME resetkeys ~fencelock:* resetchannels -@all "
-    "+ping +info +role +select +eval +evalsha +blpop "
+    "+ping +info +role +select +eval +evalsha +blpop +blmove +client|id +client|unblock "
     "+get +set +del +exists +pexpire +pttl +zadd +zrem +zcard +zremrangebyscore +rpush +time "
-    "+zrange +zrangebyscore +zscore"
+    "+zrange +zrangebyscore +zscore +lrange"
 )
 
 # what fencelock sends itself, and what its Lua scripts call (checked per call by the server)
-_DIRECT = ("PING", "INFO", "ROLE", "EVAL", "EVALSHA", "BLPOP")
+_DIRECT = (
+    "PING", "INFO", "ROLE", "EVAL", "EVALSHA", "BLPOP", "BLMOVE", "CLIENT|ID", "CLIENT|UNBLOCK",
+)  # fmt: skip
 _IN_SCRIPTS = (
     "SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "ZADD", "ZCARD",
     "ZREMRANGEBYSCORE", "ZREM", "RPUSH", "TIME", "DEL", "ZRANGE", "ZRANGEBYSCORE", "ZSCORE",
+    "LRANGE",
 )  # fmt: skip
 _OPTIONAL = frozenset({"INFO", "ROLE"})  # without them: no identity checks, still works
 _PROBE_BASE = "fencelock:{fencelock-doctor}"
@@ -123,6 +127,7 @@ try('ZSCORE', KEYS[2], 'm')
 try('ZREM', KEYS[2], 'm')
 try('RPUSH', KEYS[3], 'x')
 try('PEXPIRE', KEYS[3], 1000)
+try('LRANGE', KEYS[3], 0, 7)
 try('TIME')
 try('DEL', KEYS[1], KEYS[2], KEYS[3])
 return denied
@@ -324,6 +329,14 @@ def _permissions(client: redis.Redis, probe: _Probe) -> None:
     """Try what fencelock sends, harmlessly, as this user (NOPERM is recorded)."""
     _try(probe, "EVALSHA", lambda: _execute(client, "EVALSHA", "0" * 40, 0))
     _try(probe, "BLPOP", lambda: _execute(client, "BLPOP", _PROBE_KEYS[2], "0.01"))
+    # an empty list moved onto itself: nothing changes
+    _try(
+        probe,
+        "BLMOVE",
+        lambda: _execute(client, "BLMOVE", _PROBE_KEYS[2], _PROBE_KEYS[2], "LEFT", "RIGHT", "0.01"),
+    )
+    _try(probe, "CLIENT|ID", lambda: _execute(client, "CLIENT", "ID"))
+    _try(probe, "CLIENT|UNBLOCK", lambda: _execute(client, "CLIENT", "UNBLOCK", "0"))
     reply = _try(probe, "EVAL", lambda: client.eval(_PROBE_SCRIPT, len(_PROBE_KEYS), *_PROBE_KEYS))
     if "EVAL" in probe.denied:
         probe.unjudged = list(_IN_SCRIPTS)  # scripts cannot run at all

@@ -110,7 +110,9 @@ def test_the_line_grants_exactly_what_fencelock_sends_and_its_lock_scripts_call(
     for name in LOCK_SCRIPTS:
         source = (SCRIPTS_DIR / f"{name}.lua").read_text()
         called |= {c.upper() for c in re.findall(r"redis\.p?call\('(\w+)'", source)}
-    sent = {"PING", "INFO", "ROLE", "SELECT", "EVAL", "EVALSHA", "BLPOP"}  # engine + handshake
+    # engine + handshake; BLMOVE claims a hand-over, CLIENT ID / UNBLOCK end an interrupted one
+    sent = {"PING", "INFO", "ROLE", "SELECT", "EVAL", "EVALSHA", "BLPOP", "BLMOVE"}
+    sent |= {"CLIENT|ID", "CLIENT|UNBLOCK"}
     assert granted == called | sent
     assert "~fencelock:*" in ACL_SETUSER.split() and "-@all" in ACL_SETUSER.split()
 
@@ -165,10 +167,10 @@ def test_an_extend_the_acl_refuses_is_unavailable_saying_so(
     lease.release()
 
 
-def test_a_waiter_whose_user_may_not_blpop_sleeps_instead_of_spinning(
+def test_a_waiter_whose_user_may_not_block_sleeps_instead_of_spinning(
     fencelock_server: Server, make_lock: LockFactory, key: str
 ) -> None:
-    url = add_user(fencelock_server, "noblpop", "-blpop")
+    url = add_user(fencelock_server, "noblpop", "-blpop", "-blmove")
     holder = make_lock(url, key, ttl=30)
     lease = holder.acquire(wait=0)
     waiter = make_lock(url, key, ttl=30)
@@ -182,7 +184,8 @@ def test_a_waiter_whose_user_may_not_blpop_sleeps_instead_of_spinning(
         errors = admin.info("errorstats")
     attempts = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha"))
     assert 1 <= attempts < 100, stats  # retries with backoff, not a busy loop
-    assert errors.get("errorstat_NOPERM", {}).get("count", 0) >= 1, errors  # BLPOP was refused
+    # BLPOP / BLMOVE was refused
+    assert errors.get("errorstat_NOPERM", {}).get("count", 0) >= 1, errors
     lease.release()
     # and a release still lets the waiter in (it polls with backoff instead of blocking)
     got: list[Any] = []
