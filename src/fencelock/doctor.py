@@ -77,8 +77,8 @@ EXIT_UNREACHABLE = 69
 #: exactly the commands fencelock sends (``INFO``/``ROLE`` on new connections, ``EVALSHA``/
 #: ``EVAL``, ``BLPOP`` / ``BLMOVE`` to wait for a release (and claim a hand-over),
 #: ``CLIENT ID`` / ``CLIENT UNBLOCK`` to end an interrupted claim, ``PING`` to probe a server)
-#: plus the commands its scripts call, on ``fencelock:*`` keys only. ``AUTH`` is always allowed; ``SELECT`` is
-#: needed for a database other than 0.
+#: plus the commands its scripts call, on ``fencelock:*`` keys only. ``AUTH`` is always
+#: allowed; ``SELECT`` is needed for a database other than 0.
 ACL_SETUSER = (
     "ACL SETUSER fencelock on >CHANGE-ME resetkeys ~fencelock:* resetchannels -@all "
     "+ping +info +role +select +eval +evalsha +blpop +blmove +client|id +client|unblock "
