@@ -20,7 +20,13 @@ import redis
 import fencelock.asyncio as fasync
 from fencelock import Lock
 from fencelock._core.keys import lock_keys
+from fencelock._engine.address import from_url
+from fencelock._engine.registry import server_for_address
+from fencelock._engine.resp import command
+from fencelock._engine.wire import CLIENT_ID, client_id
 from fencelock._scripts import ACQUIRE
+from fencelock._sync.connection import Connection
+from fencelock._sync.driver import Driver
 from fencelock.servers import Server
 
 TTL = 10.0  # far longer than any check here: a grant that leaked would show as a long wait
@@ -223,3 +229,37 @@ def test_redlock_still_wakes_its_waiters(fencelock_servers: Any) -> None:
     assert not lease.token.startswith("h")  # a majority cannot be handed over by one release
     assert lease.fence > a.fence
     lease.release()
+
+
+def test_ending_a_claiming_wait_hears_what_the_server_moved(fencelock_server: Server) -> None:
+    """The sync driver's recovery of an interrupted claim, on a real server: CLIENT UNBLOCK
+    from another connection ends the wait, and the blocked connection's answer is read out:
+    the element when the server had moved it, nothing (and nothing moved later) when not."""
+    client = fencelock_server.client()
+    server = server_for_address(from_url(fencelock_server.url))
+    driver = Driver((server,), timeout_s=1.0)
+
+    def blocked_on(source: str, target: str) -> Connection:
+        conn = Connection(server.address)
+        conn.client_id = client_id(conn.call(CLIENT_ID, 1, LIVENESS)[0])
+        assert conn.client_id is not None
+        conn.start(command("BLMOVE", source, target, "LEFT", "RIGHT", "5"), 1)
+        return conn
+
+    client.rpush("src", b"htok 7 10000")
+    conn = blocked_on("src", "dst")
+    time.sleep(0.2)  # moved and answered; the caller was interrupted before it read
+    assert driver._unblocked(server, conn) == b"htok 7 10000"
+    conn.close()
+    assert client.lrange("dst", 0, -1) == [b"htok 7 10000"]
+
+    conn = blocked_on("empty", "dst2")
+    _wait_blocked(client, 1)
+    start = time.monotonic()
+    assert driver._unblocked(server, conn) is None
+    assert time.monotonic() - start < LIVENESS  # not the 5 s block
+    conn.close()
+    assert _blocked_clients(client) == 0
+    client.rpush("empty", b"late")
+    assert client.lrange("empty", 0, -1) == [b"late"]  # nobody was still waiting to move it
+    assert not client.exists("dst2")
