@@ -532,14 +532,14 @@ class Driver:
                 time.sleep(rest)
             return None if effect.claim is not None else False
         node.idle.append(conn)
-        answer = replies[0]
-        if isinstance(answer, ReplyError):  # refused (an ACL, an old server): sleep, not spin
+        popped = replies[0]
+        if isinstance(popped, ReplyError):  # refused (an ACL, an old server): sleep, not spin
             rest = delay - (time.monotonic() - started)
             if rest > 0:
                 time.sleep(rest)
         if effect.claim is not None:
-            return answer if isinstance(answer, bytes) else None
-        return isinstance(answer, list)
+            return popped if isinstance(popped, bytes) else None
+        return isinstance(popped, list)
 
     def _unblocked(self, node: Server, blocked: Connection) -> bytes | None:
         """End ``blocked``'s wait (``CLIENT UNBLOCK`` from another connection) and return the
