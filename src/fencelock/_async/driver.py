@@ -1,10 +1,19 @@
 """The asyncio driver: performs a flow's effects on the running event loop.
 
-It decides nothing (see the blocking driver). Each call of a round is one task that connects
-(if needed), handshakes and sends in one go, so connecting is part of the parallel round; the
-round waits for the tasks until its stop rule holds or its budget ends, and leaves stragglers
-running (bounded) in the background. No ``asyncio.wait_for`` anywhere: a call is bounded by
-aborting its connection, which cannot swallow a cancellation.
+It decides nothing (see the blocking driver). A round sends all its calls before it awaits
+anything, so every call is on its way even if the caller is cancelled next:
+
+- on a server's shared connection that has already answered (the common case), a call is
+  queued directly and its replies come back to the round from ``data_received``: no task,
+  no future per call;
+- otherwise (a connection to open and handshake, a cluster's routing and redirects, a retry
+  after the shared connection broke) a call is one task that connects, handshakes and sends
+  in one go, so connecting is part of the parallel round.
+
+Votes are recorded as replies arrive; the caller waits on one future, woken when the stop
+rule holds or every call answered, and by a ``call_later`` timer at the round's deadline.
+Stragglers keep running (bounded) in the background. No ``asyncio.wait_for`` anywhere: a
+call is bounded by aborting its connection, which cannot swallow a cancellation.
 """
 
 from __future__ import annotations
@@ -281,9 +290,7 @@ class _Round:
 
     def spawn(self, call: _Call) -> None:
         task = asyncio.get_running_loop().create_task(self.call(call))
-        call.task = task
-        if not self.collecting:
-            keep(task)
+        call.task = task  # kept by _park if the round is decided before it ends
         task.add_done_callback(call.task_done)
 
     async def call(self, call: _Call) -> object:
@@ -569,25 +576,29 @@ class AsyncDriver:
         skip = any(servers[i].health.suspect for i in effect.targets) and skip_suspects(
             tally, effect.targets, self._suspects()
         )
-        for index in effect.targets:
-            server = servers[index]
-            if skip and server.health.suspect:
-                reason = fx.NotSent(f"suspect: {server.health.reason}")
-                tally.record(index, *effect.classify(reason))
-                continue
-            node = server.route(effect.keys)
-            try:
-                conn = shared(node, loop)
-            except ConnectionError as exc:  # no sentinel named the master
-                _failed(server, exc, self.timeout_s)
-                tally.record(index, *effect.classify(exc))
-                continue
-            call = _Call(round_, index, server, conn, node)
-            round_.open[call] = None
-            if conn.established and not server.is_cluster:
-                round_.send(call)
-            else:
-                round_.spawn(call)
+        try:
+            for index in effect.targets:
+                server = servers[index]
+                if skip and server.health.suspect:
+                    reason = fx.NotSent(f"suspect: {server.health.reason}")
+                    tally.record(index, *effect.classify(reason))
+                    continue
+                node = server.route(effect.keys)
+                try:
+                    conn = shared(node, loop)
+                except ConnectionError as exc:  # no sentinel named the master
+                    _failed(server, exc, self.timeout_s)
+                    tally.record(index, *effect.classify(exc))
+                    continue
+                call = _Call(round_, index, server, conn, node)
+                round_.open[call] = None
+                if conn.established and not server.is_cluster:
+                    round_.send(call)
+                else:
+                    round_.spawn(call)
+        except BaseException:
+            self._park(round_)  # what was sent is bounded like any straggler
+            raise
         return round_
 
     async def _identify(self, effect: fx.Identify) -> None:
