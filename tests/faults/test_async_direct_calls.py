@@ -188,3 +188,55 @@ def test_a_release_cancelled_while_its_server_is_paused_lands_once_it_resumes(
         assert await _freed_within(client, name, 3.0)
 
     asyncio.run(scenario())
+
+
+def test_a_late_noscript_from_a_paused_server_still_lands_the_grant_there() -> None:
+    """Over 3 servers the round is won by two; the third, paused with an empty script cache,
+    answers NOSCRIPT after the round was decided: the grant is still made there in full."""
+    name = "direct:late-noscript"
+    with ServerGroup(3) as group:
+        late = group[2]
+        client = late.client()
+
+        async def scenario() -> None:
+            lock = fasync.Lock(group.urls, name, ttl=TTL, server_timeout=SERVER_TIMEOUT)
+            await (await lock.acquire(wait=0)).release()
+            client.script_flush()
+            late.pause()
+            try:
+                lease = await lock.acquire(wait=0)
+                await asyncio.sleep(0.05)
+            finally:
+                late.resume()
+            end = time.monotonic() + 2.0
+            while client.get(lock_keys(name).lock) != lease.token.encode():
+                assert time.monotonic() < end, "the late grant never landed"
+                await asyncio.sleep(0.01)
+            await lease.release()
+            assert await _freed_within(client, name, SERVER_TIMEOUT + MARGIN)
+
+        asyncio.run(scenario())
+
+
+def test_calls_in_flight_on_a_shared_connection_closed_under_them_go_again_on_a_fresh_one(
+    server: Server,
+) -> None:
+    """Another round's timeout closes the shared connection that warm calls are queued on:
+    they are sent again on a new connection within their round, not failed."""
+    from fencelock._async.driver import shared
+
+    async def scenario() -> None:
+        lock = fasync.Lock(server.url, "direct:reconnect", ttl=TTL, server_timeout=1.0)
+        await (await lock.acquire(wait=0)).release()
+        loop = asyncio.get_running_loop()
+        (engine,) = lock._definition.servers
+        before = shared(engine, loop)
+        task = asyncio.ensure_future(lock.acquire(wait=0))
+        await asyncio.sleep(0)  # the acquire's call is queued on the shared connection
+        assert before.pending == 1
+        before.close()
+        lease = await asyncio.wait_for(task, 5.0)
+        assert shared(engine, loop) is not before
+        await lease.release()
+
+    asyncio.run(scenario())
