@@ -12,6 +12,9 @@ Rules of this module:
   transport failures are raised.
 - Closing never shuts the socket down, and in a forked child it leaves the inherited transport
   untouched (its event loop belongs to the parent).
+- A request is awaited (:meth:`AsyncConnection.request`) or, on a connection that has already
+  answered, handed a callback (:meth:`AsyncConnection.send`) that ``data_received`` calls with
+  the replies: no future, no task, no extra loop iteration.
 """
 
 from __future__ import annotations
@@ -22,23 +25,47 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .._engine.address import Address
 from .._engine.handshake import Identity, identity_from, prelude
 from .._engine.resp import INCOMPLETE, Parser, ProtocolError
 
-__all__ = ["AsyncConnection"]
+__all__ = ["AsyncConnection", "OnReplies"]
+
+#: What :meth:`AsyncConnection.send` calls once: ``(replies, None)`` or ``(None, error)``.
+OnReplies = Callable[[list[object] | None, BaseException | None], None]
+
+# This process's id, kept by a fork hook: ``usable`` is asked on every call, and
+# ``os.getpid()`` is a system call.
+_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Pending:
-    """One request's place in the connection's queue: its replies arrive in order."""
+    """One request's place in the connection's queue: its replies arrive in order, to
+    ``future`` or to ``on_done``."""
 
-    __slots__ = ("future", "handshake_n", "replies", "want")
+    __slots__ = ("future", "handshake_n", "on_done", "replies", "want")
 
-    def __init__(self, future: asyncio.Future[list[object]], want: int, handshake_n: int) -> None:
+    def __init__(
+        self,
+        future: asyncio.Future[list[object]] | None,
+        want: int,
+        handshake_n: int,
+        on_done: OnReplies | None = None,
+    ) -> None:
         self.future = future
         self.want = want
         self.handshake_n = handshake_n
+        self.on_done = on_done
         self.replies: list[object] = []
 
 
@@ -58,7 +85,8 @@ class AsyncConnection(asyncio.Protocol):
         self.identity: Identity | None = None
         self.last_used = 0.0
         self.client_id: int | None = None  # CLIENT ID, asked before a claiming wait
-        self.owner_pid = os.getpid()
+        self.owner_pid = _pid
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._parser = Parser()
@@ -76,9 +104,17 @@ class AsyncConnection(asyncio.Protocol):
     @property
     def usable(self) -> bool:
         """Connected (or never connected yet), not closed, no EOF seen, in this process."""
-        if self._closed or self._eof or self.owner_pid != os.getpid():
+        if self._closed or self._eof or self.owner_pid != _pid:
             return False
         return self._transport is None or not self._transport.is_closing()
+
+    @property
+    def established(self) -> bool:
+        """Connected, handshake done, a request answered, usable: :meth:`send` may be used."""
+        if self._fresh or self._closed or self._eof or self.owner_pid != _pid:
+            return False
+        transport = self._transport
+        return transport is not None and not transport.is_closing()
 
     @property
     def fresh(self) -> bool:
@@ -107,6 +143,7 @@ class AsyncConnection(asyncio.Protocol):
                 errno.ECONNABORTED, f"{self.address.name}: the connection is closed"
             )
         loop = asyncio.get_running_loop()
+        self._loop = loop
         handshake_n = 0
         if self._transport is None:
             if self._connecting is None:
@@ -154,6 +191,27 @@ class AsyncConnection(asyncio.Protocol):
         self.last_used = time.monotonic()
         return result
 
+    def send(self, payload: bytes, replies: int, on_done: OnReplies) -> None:
+        """Queue ``payload`` (``replies`` replies, >= 1) on an :attr:`established` connection;
+        ``on_done`` is called once, from the event loop, with the replies or the error that
+        failed the connection. Nothing is awaited: the caller bounds time (by :meth:`close`).
+        On a connection that is not established (or closed meanwhile), ``on_done`` gets a
+        ``ConnectionAbortedError`` at once."""
+        loop = self._loop
+        if loop is None or not self.established:
+            on_done(
+                None,
+                ConnectionAbortedError(
+                    errno.ECONNABORTED, f"{self.address.name}: the connection is closed"
+                ),
+            )
+            return
+        self._queue.append(_Pending(None, replies, 0, on_done))
+        self._out += payload
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         transport = self._transport
@@ -183,7 +241,9 @@ class AsyncConnection(asyncio.Protocol):
         """Every request still waiting fails with ``exc``."""
         queue, self._queue = self._queue, deque()
         for entry in queue:
-            if not entry.future.done():
+            if entry.on_done is not None:
+                entry.on_done(None, exc)
+            elif entry.future is not None and not entry.future.done():
                 entry.future.set_exception(exc)
                 entry.future.exception()  # retrieved: a cancelled caller may never look
 
@@ -207,11 +267,17 @@ class AsyncConnection(asyncio.Protocol):
                 if not queue:
                     raise ProtocolError(f"{self.address.name}: a reply nobody asked for")
                 entry = queue[0]
-                entry.replies.append(reply)
-                if len(entry.replies) == entry.want:
+                replies = entry.replies
+                replies.append(reply)
+                if len(replies) == entry.want:
                     queue.popleft()
-                    if not entry.future.done():  # done: its caller was cancelled
-                        entry.future.set_result(entry.replies)
+                    on_done = entry.on_done
+                    if on_done is not None:
+                        on_done(replies, None)
+                        if self._closed:  # the callback closed it: its queue is failed
+                            return
+                    elif entry.future is not None and not entry.future.done():
+                        entry.future.set_result(replies)  # done: its caller was cancelled
         except ProtocolError as exc:
             self._fail(exc)
             self.close()
@@ -246,7 +312,7 @@ class AsyncConnection(asyncio.Protocol):
             )
         )
         transport, self._transport = self._transport, None
-        if transport is not None and self.owner_pid == os.getpid():
+        if transport is not None and self.owner_pid == _pid:
             try:
                 transport.abort()
             except RuntimeError:  # its event loop is closed: close the socket itself

@@ -1,16 +1,25 @@
 """The asyncio driver: performs a flow's effects on the running event loop.
 
-It decides nothing (see the blocking driver). Each call of a round is one task that connects
-(if needed), handshakes and sends in one go, so connecting is part of the parallel round; the
-round waits for the tasks until its stop rule holds or its budget ends, and leaves stragglers
-running (bounded) in the background. No ``asyncio.wait_for`` anywhere: a call is bounded by
-aborting its connection, which cannot swallow a cancellation.
+It decides nothing (see the blocking driver). A round sends all its calls before it awaits
+anything, so every call is on its way even if the caller is cancelled next:
+
+- on a server's shared connection that has already answered (the common case), a call is
+  queued directly and its replies come back to the round from ``data_received``: no task,
+  no future per call;
+- otherwise (a connection to open and handshake, a cluster's routing and redirects, a retry
+  after the shared connection broke) a call is one task that connects, handshakes and sends
+  in one go, so connecting is part of the parallel round.
+
+Votes are recorded as replies arrive; the caller waits on one future, woken when the stop
+rule holds or every call answered, and by a ``call_later`` timer at the round's deadline.
+Stragglers keep running (bounded) in the background. No ``asyncio.wait_for`` anywhere: a
+call is bounded by aborting its connection, which cannot swallow a cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import logging
 import time
 import weakref
 from typing import Any, TypeVar
@@ -35,10 +44,12 @@ from .._engine.wire import (
     is_readonly,
     wait_tail,
 )
+from .._scripts import Script
 from .._sync.background import background
 from .connection import AsyncConnection
 
 T = TypeVar("T")
+log = logging.getLogger("fencelock.asyncio")
 
 #: A straggler's reply still missing this long (s) after its round is given up.
 GIVE_UP_S = 1.0
@@ -127,28 +138,162 @@ def _failed(server: Server, exc: BaseException, timeout_s: float | None = None) 
 
 
 class _Call:
-    """One server's part of a round: a task, and whether its late NOSCRIPT may still run."""
+    """One server's part of a round: sent directly on an established connection (its replies
+    come back to :meth:`__call__` from ``data_received``), or as a task that connects,
+    handshakes, follows cluster redirects and retries on a fresh connection."""
 
-    __slots__ = ("conn", "hops", "index", "node", "server", "task")
+    __slots__ = (
+        "conn",
+        "full",
+        "give_up",
+        "hops",
+        "index",
+        "node",
+        "round",
+        "script",
+        "server",
+        "suspect",
+        "tail",
+        "task",
+    )
 
     def __init__(
-        self, index: int, server: Server, conn: AsyncConnection, node: Server | None = None
+        self,
+        round_: _Round,
+        index: int,
+        server: Server,
+        conn: AsyncConnection,
+        node: Server | None = None,
     ) -> None:
+        self.round = round_
         self.index = index
         self.server = server  # the vote
         self.node = server if node is None else node  # whose connection carries it
         self.conn = conn
         self.hops = 0  # cluster redirects followed
         self.task: asyncio.Task[object] | None = None
+        self.script: Script | None = None  # sent directly: the script, and the WAIT after it
+        self.tail = b""
+        self.full = False  # the script was sent in full after a NOSCRIPT
+        self.suspect: asyncio.TimerHandle | None = None  # a parked straggler's timers
+        self.give_up: asyncio.TimerHandle | None = None
+
+    def __call__(self, replies: list[object] | None, exc: BaseException | None) -> None:
+        """The replies (or the failure) of a call sent directly: never raises (it runs
+        inside the connection's ``data_received``)."""
+        try:
+            self.round.replied(self, replies, exc)
+        except Exception as error:  # a bug: the round fails rather than the connection
+            self.round.fail(self, error)
+
+    def task_done(self, task: asyncio.Task[object]) -> None:
+        exc = task.exception() if not task.cancelled() else asyncio.CancelledError()
+        self.round.done(self, None if exc is not None else task.result(), exc)
+
+    def abandon(self) -> None:
+        """A parked straggler still silent GIVE_UP_S after its round: stop waiting."""
+        if self.task is not None:
+            self.task.cancel()
+        else:
+            self.conn.close()
+
+    def suspect_if_silent(self) -> None:
+        if self in self.round.open:
+            _failed(self.server, TimeoutError("no answer within the server timeout"))
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class _Round:
-    def __init__(self, effect: fx.Broadcast, deadline: float, encoder: Calls) -> None:
+    """One broadcast: its calls without a vote yet (``open``), and the future its collector
+    waits on, woken when the stop rule holds, every call answered, or the deadline passed.
+    Votes are recorded as replies arrive, until the round is parked; after that its calls
+    are stragglers (bounded, see :meth:`AsyncDriver._park`)."""
+
+    def __init__(
+        self, effect: fx.Broadcast, deadline: float, encoder: Calls, timeout_s: float
+    ) -> None:
         self.effect = effect
         self.encoder = encoder
         self.deadline = deadline
-        self.calls: dict[asyncio.Future[Any], _Call] = {}
+        self.timeout_s = timeout_s
+        self.open: dict[_Call, None] = {}  # insertion-ordered
         self.collecting = True  # False once parked: a late NOSCRIPT runs only if effect.land
+        self.stop = effect.stop
+        self.waiter: asyncio.Future[None] | None = None
+        self.error: BaseException | None = None
+
+    def left(self) -> _Round | None:
+        """This round if calls of it are still out, else None."""
+        return self if self.open else None
+
+    # -- a call sent directly on an established connection ---------------------------------
+
+    def send(self, call: _Call) -> None:
+        effect = self.effect
+        if not effect.script:  # a bare handshake (fx.Identify)
+            call.script, payload, call.tail, own = None, PING, b"", 1
+        else:
+            call.script, payload = self.encoder.encode(
+                call.node, effect.script, effect.keys, effect.args
+            )
+            call.tail, own = wait_tail(effect.wait)
+        call.conn.send(payload + call.tail, own, call)
+
+    def replied(self, call: _Call, replies: list[object] | None, exc: BaseException | None) -> None:
+        if call not in self.open:  # timed out (its connection closed) or abandoned
+            return
+        if replies is None:
+            assert exc is not None
+            if (
+                self.collecting
+                and isinstance(exc, ConnectionError)
+                and not isinstance(exc, HandshakeError)
+                and time.monotonic() < self.deadline
+            ):
+                # the shared connection broke under us (a restarted server, or another
+                # round's timeout closed it): once more on a fresh one, as a task
+                call.conn.close()
+                call.node.connection_failed()
+                try:
+                    call.conn = shared(call.node, asyncio.get_running_loop())
+                except ConnectionError as error:  # no sentinel named the master
+                    self.done(call, None, error)
+                    return
+                self.spawn(call)
+                return
+            self.done(call, None, exc)
+            return
+        effect = self.effect
+        script = call.script
+        node = call.node
+        server = call.server
+        own = len(replies)
+        reply = replies[0]
+        if script is not None and is_noscript(reply):
+            node.loaded.discard(script.sha)
+            if not call.full and (self.collecting or effect.land):
+                call.full = True  # EVAL, which caches it again
+                full = full_call(script, effect.keys, effect.args) + call.tail
+                call.conn.send(full, own, call)
+                return
+        elif script is not None:
+            node.loaded.add(script.sha)
+        if is_readonly(reply):
+            server.moved()
+        node.learned(call.conn.identity)
+        server.answered()
+        self.done(call, answer(replies), None)
+
+    # -- a call as a task ------------------------------------------------------------------
+
+    def spawn(self, call: _Call) -> None:
+        task = asyncio.get_running_loop().create_task(self.call(call))
+        call.task = task  # kept by _park if the round is decided before it ends
+        task.add_done_callback(call.task_done)
 
     async def call(self, call: _Call) -> object:
         """Send the call to its node; a cluster's MOVED / ASK, or a node that cannot be
@@ -225,6 +370,58 @@ class _Round:
             call.conn = shared(call.node, asyncio.get_running_loop())
             return await call.conn.request(payload, replies)
 
+    # -- votes -----------------------------------------------------------------------------
+
+    def done(self, call: _Call, result: object, exc: BaseException | None) -> None:
+        """A call ended: its vote (while collecting), and the collector woken if decided."""
+        if call not in self.open:
+            return
+        del self.open[call]
+        if not self.collecting:  # a straggler of a parked round
+            if call.suspect is not None:
+                call.suspect.cancel()
+            if call.give_up is not None:
+                call.give_up.cancel()
+            if exc is not None:
+                call.conn.close()
+            return
+        effect = self.effect
+        if exc is not None:
+            call.conn.close()
+            _failed(call.server, exc, self.timeout_s)
+            effect.tally.record(call.index, *effect.classify(exc))
+        else:
+            effect.tally.record(call.index, *effect.classify(result))
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            stop = self.stop
+            if not self.open or (stop is not None and stop(effect.tally)):
+                waiter.set_result(None)
+
+    def fail(self, call: _Call, error: BaseException) -> None:
+        """An unexpected error while handling a reply: the collector raises it."""
+        self.open.pop(call, None)
+        call.conn.close()
+        if self.collecting:
+            self.error = error
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+        else:
+            log.error("a straggler's reply could not be handled", exc_info=error)
+
+    def expire(self) -> None:
+        """The deadline passed: every call still open is a TimeoutError vote."""
+        effect = self.effect
+        for call in list(self.open):
+            del self.open[call]
+            if call.task is not None:
+                call.task.cancel()
+            call.conn.close()
+            exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
+            call.server.node_failed(call.node)
+            _failed(call.server, exc, self.timeout_s)
+            effect.tally.record(call.index, *effect.classify(exc))
+
 
 class AsyncDriver:
     """Runs flows against ``servers`` on the running loop."""
@@ -237,12 +434,68 @@ class AsyncDriver:
     def _suspects(self) -> tuple[bool, ...]:
         return tuple(server.health.suspect for server in self.servers)
 
-    async def run(self, flow: fx.Flow[T]) -> T:
+    async def run(self, flow: fx.Flow[T], *, shielded: bool = False) -> T:
         """Drive ``flow`` to its end. A cancellation (or any exception) while an effect is
         performed is thrown into the flow; the flow's cleanup then runs in a task of its own
-        that a second cancellation cannot stop, and the exception propagates."""
+        that a second cancellation cannot stop, and the exception propagates.
+
+        ``shielded``: a cancellation of the caller does not reach the flow at all: the flow
+        (the round in progress included) goes on in a task of its own, and the caller gets
+        the ``CancelledError`` at once (a release: what it sent still counts, and its late
+        servers are still repeated)."""
         answer: Any = None
         pending: _Round | None = None
+        while True:
+            try:
+                effect = flow.send(answer)
+            except StopIteration as stop:
+                self._park(pending)
+                result: T = stop.value
+                return result
+            except BaseException:
+                self._park(pending)
+                raise
+            if effect is fx.NOW:
+                answer = time.monotonic()
+                continue
+            current: _Round | None = None
+            try:
+                if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
+                    self._park(pending)
+                    pending = None
+                if isinstance(effect, fx.Broadcast):
+                    current = self._start(effect)
+                    await self._collect(current, settle=False)
+                    answer, pending, current = effect.tally, current.left(), None
+                else:
+                    answer, pending = await self._perform(effect, pending)
+            except BaseException as exc:
+                if shielded and isinstance(exc, asyncio.CancelledError):
+                    keep(asyncio.ensure_future(self._resume(flow, effect, current, pending)))
+                    raise
+                self._park(current)
+                rest = keep(asyncio.ensure_future(self._finish(flow, exc, pending)))
+                return await asyncio.shield(rest)
+
+    async def _resume(
+        self, flow: fx.Flow[T], effect: fx.Effect, current: _Round | None, pending: _Round | None
+    ) -> T:
+        """A shielded flow whose caller was cancelled: finish ``effect`` (the round
+        ``current`` if it was one), then drive the flow to its end here."""
+        try:
+            if current is not None:
+                await self._collect(current, settle=False)
+                answer: Any = effect.tally if isinstance(effect, fx.Broadcast) else None
+                pending = current.left()
+            else:
+                answer, pending = await self._perform(effect, pending)
+        except BaseException as exc:
+            self._park(current)
+            return await self._finish(flow, exc, pending)
+        return await self._drive(flow, answer, pending)
+
+    async def _drive(self, flow: fx.Flow[T], answer: Any, pending: _Round | None) -> T:
+        """:meth:`run` from ``answer`` on, in a task nobody cancels."""
         while True:
             try:
                 effect = flow.send(answer)
@@ -259,8 +512,7 @@ class AsyncDriver:
                     pending = None
                 answer, pending = await self._perform(effect, pending)
             except BaseException as exc:
-                rest = keep(asyncio.ensure_future(self._finish(flow, exc, pending)))
-                return await asyncio.shield(rest)
+                return await self._finish(flow, exc, pending)
 
     async def _finish(self, flow: fx.Flow[T], error: BaseException, pending: _Round | None) -> T:
         """Throw ``error`` into ``flow`` and perform what it yields while cleaning up."""
@@ -307,33 +559,49 @@ class AsyncDriver:
         raise TypeError(f"unknown effect {effect!r}")
 
     async def _broadcast(self, effect: fx.Broadcast) -> tuple[Tally, _Round | None]:
-        loop = asyncio.get_running_loop()
-        tally = effect.tally
-        round_ = _Round(effect, time.monotonic() + effect.budget_s, self._calls)
-        skip = skip_suspects(tally, effect.targets, self._suspects())
-        for index in effect.targets:
-            server = self.servers[index]
-            if skip and server.health.suspect:
-                reason = fx.NotSent(f"suspect: {server.health.reason}")
-                tally.record(index, *effect.classify(reason))
-                continue
-            node = server.route(effect.keys)
-            try:
-                conn = shared(node, loop)
-            except ConnectionError as exc:  # no sentinel named the master
-                _failed(server, exc, self.timeout_s)
-                tally.record(index, *effect.classify(exc))
-                continue
-            call = _Call(index, server, conn, node)
-            task = loop.create_task(round_.call(call))
-            call.task = task
-            round_.calls[task] = call
+        round_ = self._start(effect)
         try:
             await self._collect(round_, settle=False)
         except BaseException:
             self._park(round_)
             raise
-        return tally, (round_ if round_.calls else None)
+        return effect.tally, round_.left()
+
+    def _start(self, effect: fx.Broadcast) -> _Round:
+        """Send ``effect``'s calls: directly on established connections, as tasks where a
+        connection (and its handshake) or a cluster's routing is needed. Nothing is awaited,
+        so every call is on its way even if the caller is cancelled next."""
+        loop = asyncio.get_running_loop()
+        tally = effect.tally
+        round_ = _Round(effect, time.monotonic() + effect.budget_s, self._calls, self.timeout_s)
+        servers = self.servers
+        skip = any(servers[i].health.suspect for i in effect.targets) and skip_suspects(
+            tally, effect.targets, self._suspects()
+        )
+        try:
+            for index in effect.targets:
+                server = servers[index]
+                if skip and server.health.suspect:
+                    reason = fx.NotSent(f"suspect: {server.health.reason}")
+                    tally.record(index, *effect.classify(reason))
+                    continue
+                node = server.route(effect.keys)
+                try:
+                    conn = shared(node, loop)
+                except ConnectionError as exc:  # no sentinel named the master
+                    _failed(server, exc, self.timeout_s)
+                    tally.record(index, *effect.classify(exc))
+                    continue
+                call = _Call(round_, index, server, conn, node)
+                round_.open[call] = None
+                if conn.established and not server.is_cluster:
+                    round_.send(call)
+                else:
+                    round_.spawn(call)
+        except BaseException:
+            self._park(round_)  # what was sent is bounded like any straggler
+            raise
+        return round_
 
     async def _identify(self, effect: fx.Identify) -> None:
         """A handshake (and a PING) with every server not identified yet and not suspect."""
@@ -346,53 +614,52 @@ class AsyncDriver:
         self._park(rest)
 
     async def _collect(self, round_: _Round, *, settle: bool) -> None:
-        effect = round_.effect
-        tally = effect.tally
-        stop = None if settle else effect.stop
-        calls = round_.calls
-        while calls and not (stop is not None and stop(tally)):
+        """Wait until the round's stop rule holds (``settle``: until every call answered),
+        or its deadline: calls still silent then are TimeoutError votes."""
+        if settle:
+            round_.stop = None
+        tally = round_.effect.tally
+        loop: asyncio.AbstractEventLoop | None = None
+        while round_.open and round_.error is None:
+            stop = round_.stop
+            if stop is not None and stop(tally):
+                break
             timeout = round_.deadline - time.monotonic()
             if timeout <= 0:
                 break
-            done, _ = await asyncio.wait(
-                set(calls), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in done:
-                call = calls.pop(task)
-                exc = task.exception()
-                if exc is not None:
-                    call.conn.close()
-                    _failed(call.server, exc, self.timeout_s)
-                    tally.record(call.index, *effect.classify(exc))
-                else:
-                    tally.record(call.index, *effect.classify(task.result()))
-        if calls and time.monotonic() >= round_.deadline:
-            for task, call in list(calls.items()):
-                del calls[task]
-                task.cancel()
-                call.conn.close()
-                exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
-                call.server.node_failed(call.node)
-                _failed(call.server, exc, self.timeout_s)
-                tally.record(call.index, *effect.classify(exc))
+            if loop is None:
+                loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            round_.waiter = waiter
+            timer = loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                round_.waiter = None
+        error = round_.error
+        if error is not None:
+            round_.error = None
+            raise error
+        if round_.open and time.monotonic() >= round_.deadline:
+            round_.expire()
 
     def _park(self, round_: _Round | None) -> None:
         """Leave a decided round's stragglers running, bounded: the server is suspect if it
         stays silent past the round's deadline, the call is abandoned after GIVE_UP_S."""
-        if round_ is None or not round_.calls:
+        if round_ is None or not round_.collecting:
             return
         round_.collecting = False
+        if not round_.open:
+            return
         loop = asyncio.get_running_loop()
-        for task, call in list(round_.calls.items()):
-            keep(task)
-            suspect = loop.call_at(
-                _loop_time(loop, round_.deadline), _suspect_if_silent, task, call.server
-            )
-            give_up = loop.call_at(
-                _loop_time(loop, max(round_.deadline, time.monotonic() + GIVE_UP_S)), task.cancel
-            )
-            task.add_done_callback(functools.partial(_straggler_done, call, suspect, give_up))
-        round_.calls.clear()
+        suspect_at = _loop_time(loop, round_.deadline)
+        give_up_at = _loop_time(loop, max(round_.deadline, time.monotonic() + GIVE_UP_S))
+        for call in round_.open:
+            if call.task is not None:
+                keep(call.task)
+            call.suspect = loop.call_at(suspect_at, call.suspect_if_silent)
+            call.give_up = loop.call_at(give_up_at, call.abandon)
 
     async def _pause(self, effect: fx.Pause) -> object:
         delay = effect.delay_s
@@ -486,20 +753,3 @@ async def _unblocked(
 
 def _loop_time(loop: asyncio.AbstractEventLoop, monotonic_s: float) -> float:
     return loop.time() + (monotonic_s - time.monotonic())
-
-
-def _suspect_if_silent(task: asyncio.Future[Any], server: Server) -> None:
-    if not task.done():
-        _failed(server, TimeoutError("no answer within the server timeout"))
-
-
-def _straggler_done(
-    call: _Call,
-    suspect: asyncio.TimerHandle,
-    give_up: asyncio.TimerHandle,
-    task: asyncio.Future[Any],
-) -> None:
-    suspect.cancel()
-    give_up.cancel()
-    if task.cancelled() or task.exception() is not None:
-        call.conn.close()

@@ -146,8 +146,7 @@ class Lease(LeaseState):
         flow = self._release_flow()
         if flow is None:
             return
-        task = keep(asyncio.ensure_future(self._driver.run(flow)))
-        verdict = await asyncio.shield(task)
+        verdict = await self._driver.run(flow, shielded=True)
         if verdict.error is not None:
             raise verdict.error
 
