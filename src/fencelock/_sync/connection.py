@@ -97,6 +97,7 @@ class Connection:
         self._error: OSError | None = None  # a failure found in start(), raised by advance()
         self._tls_events = _WRITE
         self._fresh = True
+        self._plain = address.tls is None
 
     def __repr__(self) -> str:
         states = ("new", "connecting", "tls", "ready", "closed")
@@ -140,6 +141,22 @@ class Connection:
             raise ValueError("replies must be >= 0")
         self._busy = True
         self._replies = []
+        if self._state == _READY and not self._out:  # the common case: write it now
+            self._prelude_n = 0
+            self._want = replies
+            sock = self._sock
+            assert sock is not None
+            try:
+                sent = sock.send(payload)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except OSError as exc:
+                self._out += payload
+                self._error = exc
+                return
+            if sent < len(payload):
+                self._out += payload[sent:]
+            return
         if self._state == _NEW:
             handshake, self._prelude_n = prelude(self.address, identify=self.identify)
             self._out += handshake
@@ -271,6 +288,8 @@ class Connection:
         """
         if not self._busy:
             return None
+        if self._state == _READY and self._plain and not self._out and self._error is None:
+            return self._advance_plain()
         try:
             if self._error is not None:
                 raise self._error
@@ -300,6 +319,36 @@ class Connection:
             self.close()
             raise
         return self._finish()
+
+    def _advance_plain(self) -> list[object] | None:
+        """:meth:`advance` for a plain (not TLS) connection with its request written."""
+        sock = self._sock
+        assert sock is not None
+        try:
+            try:
+                data = sock.recv(_RECV_SIZE)
+            except BlockingIOError:
+                return None
+            if not data:
+                raise ConnectionResetError(
+                    errno.ECONNRESET, f"{self.address.name}: the server closed the connection"
+                )
+            self._parser.feed(data)
+            if len(data) == _RECV_SIZE:
+                self._read()  # there may be more
+            if not self._collect():
+                return None
+        except BaseException:
+            self.close()
+            raise
+        if self._prelude_n:
+            return self._finish()
+        replies = self._replies
+        self._replies = []
+        self._busy = False
+        self._fresh = False
+        self.last_used = time.monotonic()
+        return replies
 
     def _finish(self) -> list[object]:
         replies = self._replies

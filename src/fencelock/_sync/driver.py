@@ -73,6 +73,23 @@ def take(server: Server) -> Connection:
     return Connection(address, identify=server.recheck)
 
 
+def _ready(server: Server) -> Connection | None:
+    """An idle connection to a standalone server (not suspect, no sentinels) that answered
+    less than ``STALE_CHECK_AFTER_S`` ago, for a lean round; None: the general path decides
+    (it takes, checks or opens connections)."""
+    if server.is_cluster or server.sentinels is not None or server.health.suspect:
+        return None
+    idle = server.idle
+    try:
+        conn: Connection = idle.pop()
+    except IndexError:
+        return None
+    if conn.closed or time.monotonic() - conn.last_used >= STALE_CHECK_AFTER_S:
+        idle.append(conn)  # take() checks it
+        return None
+    return conn
+
+
 class _Call:
     __slots__ = (
         "asking", "conn", "hops", "index", "mapping", "node", "own", "payload", "replies",
@@ -130,7 +147,7 @@ class _Poller:
     no system call (an epoll selector costs two per call: register and unregister)."""
 
     def __init__(self) -> None:
-        self._poll = select.poll()
+        self._poll = self.poll = select.poll()
 
     def register(self, fd: int, events: int) -> None:
         self._poll.register(fd, _MASKS[events])
@@ -240,6 +257,9 @@ class Driver:
     # -- rounds -------------------------------------------------------------------------------
 
     def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
+        lean = self._lean(effect)
+        if lean is not None:
+            return lean
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
         tail, replies = wait_tail(effect.wait)
@@ -270,6 +290,100 @@ class Driver:
             self._park(round_)
             raise
         return tally, (round_ if round_.calls else None)
+
+    def _lean(self, effect: Broadcast) -> tuple[Tally, _Round | None] | None:
+        """The common round, with the fewest objects and calls: every target a standalone
+        server, not suspect, with a connection that answered recently. Writes every call,
+        then reads replies as they come and records the plain ones. Anything else (an error
+        reply such as NOSCRIPT or READONLY, a broken connection, the deadline) turns the calls
+        still open into the general round's, which carries on. None when the round cannot
+        start lean (nothing was sent then)."""
+        servers = self.servers
+        picked: list[tuple[int, Server, Connection]] = []
+        for index in effect.targets:
+            server = servers[index]
+            conn = _ready(server)
+            if conn is None:
+                for _, other, taken in picked:
+                    other.idle.append(taken)
+                return None
+            picked.append((index, server, conn))
+        deadline = time.monotonic() + effect.budget_s
+        tail, own = wait_tail(effect.wait)
+        name, keys, args = effect.script, effect.keys, effect.args
+        encode = self._calls.encode
+        poll = _selector().poll
+        # fd -> (index, server, connection, script, payload without its tail)
+        open_: dict[int, tuple[int, Server, Connection, Script, bytes]] = {}
+        tally = effect.tally
+        classify = effect.classify
+        stop = effect.stop
+        widened: _Round | None = None
+        try:
+            for index, server, conn in picked:
+                script, payload = encode(server, name, keys, args)
+                conn.start(payload + tail, own)  # a write failure is raised by advance()
+                fd = conn.fileno()
+                poll.register(fd, _MASKS[conn.events()])
+                open_[fd] = (index, server, conn, script, payload)
+            while open_ and widened is None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                for fd, _ in poll.poll(math.ceil(timeout * 1000.0)):
+                    entry = open_.get(fd)
+                    if entry is None:
+                        continue
+                    index, server, conn, script, payload = entry
+                    try:
+                        replies = conn.advance()
+                    except Exception as exc:
+                        widened = self._widen(effect, deadline, open_)
+                        self._broke(widened, widened.calls[fd], fd, exc)
+                        break
+                    if replies is None:
+                        poll.modify(fd, _MASKS[conn.events()])
+                        continue
+                    reply = replies[-own]
+                    if isinstance(reply, ReplyError):  # NOSCRIPT, READONLY...: the full path
+                        widened = self._widen(effect, deadline, open_)
+                        self._replied(widened, widened.calls[fd], fd, replies)
+                        break
+                    del open_[fd]
+                    poll.unregister(fd)
+                    server.idle.append(conn)
+                    server.learned(conn.identity)
+                    server.loaded.add(script.sha)
+                    server.answered()
+                    tally.record(index, *classify(reply if own == 1 else answer(replies)))
+                if stop is not None and stop(tally):
+                    break
+            if open_:
+                widened = self._widen(effect, deadline, open_)
+            if widened is not None:
+                # go on as the general path does: to the stop rule or the deadline
+                self._collect(widened, settle=False)
+        except BaseException:
+            if open_:
+                widened = self._widen(effect, deadline, open_)
+            if widened is not None:
+                self._park(widened)
+            raise
+        return tally, (widened if widened is not None and widened.calls else None)
+
+    def _widen(
+        self,
+        effect: Broadcast,
+        deadline: float,
+        open_: dict[int, tuple[int, Server, Connection, Script, bytes]],
+    ) -> _Round:
+        """The lean round's open calls as a general round (their descriptors stay watched)."""
+        round_ = _Round(effect, deadline)
+        tail, own = wait_tail(effect.wait)
+        for fd, (index, server, conn, script, payload) in open_.items():
+            round_.calls[fd] = _Call(index, server, conn, script, payload, server, tail, own)
+        open_.clear()
+        return round_
 
     def _identify(self, effect: Identify) -> None:
         """A handshake (and a PING) with every server not identified yet and not suspect."""
@@ -352,30 +466,42 @@ class Driver:
                 tally.record(call.index, *effect.classify(exc))
 
     def _advance(self, round_: _Round, call: _Call, selector: _Poller) -> None:
-        effect = round_.effect
         conn = call.conn
         fd = conn.fileno()
         try:
             replies = conn.advance()
         except Exception as exc:
-            del round_.calls[fd]
-            selector.unregister(fd)
-            conn.close()
-            if (
-                retry_on_new_connection(call, exc)
-                and time.monotonic() < round_.deadline
-                and self._reconnect(call)
-            ):
-                self._start(round_, call)
-                return
-            if self._elsewhere(round_, call, exc):
-                return
-            self._failed(call.server, exc)
-            effect.tally.record(call.index, *effect.classify(exc))
+            self._broke(round_, call, fd, exc)
             return
         if replies is None:
             selector.modify(fd, conn.events())
             return
+        self._replied(round_, call, fd, replies)
+
+    def _broke(self, round_: _Round, call: _Call, fd: int, exc: Exception) -> None:
+        """``call``'s connection (watched as ``fd``) failed with ``exc``: retry a reused
+        connection once on a new one, try another cluster node, or record the failure."""
+        del round_.calls[fd]
+        _selector().unregister(fd)
+        call.conn.close()
+        if (
+            retry_on_new_connection(call, exc)
+            and time.monotonic() < round_.deadline
+            and self._reconnect(call)
+        ):
+            self._start(round_, call)
+            return
+        if self._elsewhere(round_, call, exc):
+            return
+        self._failed(call.server, exc)
+        effect = round_.effect
+        effect.tally.record(call.index, *effect.classify(exc))
+
+    def _replied(self, round_: _Round, call: _Call, fd: int, replies: list[object]) -> None:
+        """``call`` (watched as ``fd``) has its replies: rerun a script the server lacked,
+        follow a redirect, or record the vote."""
+        effect = round_.effect
+        conn = call.conn
         call.retried = True  # it answered: a later failure is not a stale connection's
         server = call.server
         node = call.node
@@ -391,12 +517,12 @@ class Driver:
             if call.asking:  # ASKING holds for one command only
                 call.payload, call.replies = ASKING + call.payload, call.own + 1
             conn.start(call.payload, call.replies)
-            selector.modify(fd, conn.events())
+            _selector().modify(fd, conn.events())
             return
         redirect = server.redirected(reply) if script is not None else None
         node.learned(conn.identity)
         del round_.calls[fd]
-        selector.unregister(fd)
+        _selector().unregister(fd)
         node.idle.append(conn)
         if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < round_.deadline:
             self._send_to(round_, call, redirect[0], asking=redirect[1])
