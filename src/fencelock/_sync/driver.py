@@ -218,11 +218,19 @@ class Driver:
                 try:
                     effect = flow.throw(error) if error is not None else flow.send(answer)
                 except StopIteration as stop:
+                    if pending is not None:
+                        self._harvest(pending)
                     result: T = stop.value
                     return result
                 error = None
                 try:
-                    if pending is not None and isinstance(effect, Broadcast | Pause):
+                    if isinstance(effect, Broadcast):
+                        # the last round's stragglers are read while this one runs (a lean
+                        # round), then handed to the background thread if still silent
+                        older, pending = pending, None
+                        answer, pending = self._broadcast(effect, older)
+                        continue
+                    if pending is not None and isinstance(effect, Pause):
                         self._park(pending)
                         pending = None
                     answer, pending = self._perform(effect, pending)
@@ -256,10 +264,15 @@ class Driver:
 
     # -- rounds -------------------------------------------------------------------------------
 
-    def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
-        lean = self._lean(effect)
+    def _broadcast(
+        self, effect: Broadcast, older: _Round | None = None
+    ) -> tuple[Tally, _Round | None]:
+        """Run ``effect``; ``older``: the previous round's stragglers, parked when done."""
+        lean = self._lean(effect, older)
         if lean is not None:
             return lean
+        if older is not None:
+            self._park(older)
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
         tail, replies = wait_tail(effect.wait)
@@ -291,13 +304,16 @@ class Driver:
             raise
         return tally, (round_ if round_.calls else None)
 
-    def _lean(self, effect: Broadcast) -> tuple[Tally, _Round | None] | None:
+    def _lean(
+        self, effect: Broadcast, older: _Round | None = None
+    ) -> tuple[Tally, _Round | None] | None:
         """The common round, with the fewest objects and calls: every target a standalone
         server, not suspect, with a connection that answered recently. Writes every call,
         then reads replies as they come and records the plain ones. Anything else (an error
         reply such as NOSCRIPT or READONLY, a broken connection, the deadline) turns the calls
         still open into the general round's, which carries on. None when the round cannot
-        start lean (nothing was sent then)."""
+        start lean (nothing was sent then, and ``older`` is left as it was); else ``older``
+        (the last round's stragglers) is read meanwhile and parked at the end if still open."""
         servers = self.servers
         picked: list[tuple[int, Server, Connection]] = []
         for index in effect.targets:
@@ -333,6 +349,8 @@ class Driver:
                 for fd, _ in poll.poll(math.ceil(timeout * 1000.0)):
                     entry = open_.get(fd)
                     if entry is None:
+                        if older is not None and fd in older.calls:
+                            self._advance(older, older.calls[fd], _selector())
                         continue
                     index, server, conn, script, payload = entry
                     try:
@@ -358,12 +376,18 @@ class Driver:
                     tally.record(index, *classify(reply if own == 1 else answer(replies)))
                 if stop is not None and stop(tally):
                     break
+            if older is not None:
+                if older.calls:
+                    self._park(older)
+                older = None
             if open_:
                 widened = self._widen(effect, deadline, open_)
             if widened is not None:
                 # go on as the general path does: to the stop rule or the deadline
                 self._collect(widened, settle=False)
         except BaseException:
+            if older is not None:
+                self._park(older)
             if open_:
                 widened = self._widen(effect, deadline, open_)
             if widened is not None:
@@ -572,6 +596,16 @@ class Driver:
         call.node.connection_failed()
         self._send_to(round_, call, server.route(round_.effect.keys), asking=False)
         return True
+
+    def _harvest(self, round_: _Round) -> None:
+        """Read the replies of ``round_`` that have arrived already (no waiting), so that
+        fewer stragglers go to the background thread."""
+        selector = _selector()
+        calls = round_.calls
+        for fd in selector.select(0.0):
+            call = calls.get(fd)
+            if call is not None:
+                self._advance(round_, call, selector)
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
