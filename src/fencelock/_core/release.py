@@ -23,11 +23,14 @@ def release_round(
     plan: LockPlan, token: str, targets: tuple[int, ...] | None = None
 ) -> Flow[Tally]:
     """Release ``token`` on ``targets`` (default: every server); returns the round's tally."""
-    targets = plan.everyone if targets is None else targets
-    tally = Tally(plan.n)
-    for index in plan.everyone:
-        if index not in targets:
-            tally.record(index, Outcome.HELD)
+    everyone = plan.everyone
+    tally = Tally(len(everyone))
+    if targets is None:
+        targets = everyone
+    elif targets != everyone:
+        for index in everyone:
+            if index not in targets:
+                tally.record(index, Outcome.HELD)
     args = (token, plan.handoff_ms, plan.wake_ms)
     yield Broadcast(
         plan.wiring.release,
@@ -39,7 +42,7 @@ def release_round(
         plan.budget_s,
         tally,
     )
-    if tally.count(Outcome.GRANTED) == len(targets):
+    if tally.granted == len(targets):
         return tally  # released on every target: nothing can be late
     # "not ours" on a server we target may mean our grant there has not landed yet (a
     # straggler of the acquire round, on another connection): repeat the release there too

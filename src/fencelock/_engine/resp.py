@@ -221,6 +221,24 @@ class Parser:
         """Append bytes received from the server."""
         self._reader.feed(data)
 
+    def fill(self, replies: list[object], want: int) -> bool:
+        """Move complete replies into ``replies`` until it holds ``want``; True once it does.
+
+        Raises:
+            ProtocolError: the stream is not RESP2, or holds a reply beyond ``want`` (the
+                server answered something nobody asked: the connection must be closed).
+        """
+        gets = self._reader.gets
+        while len(replies) < want:
+            reply = gets()
+            if reply is False or reply is INCOMPLETE:
+                return False
+            replies.append(reply)
+        extra = gets()
+        if extra is not False and extra is not INCOMPLETE:
+            raise ProtocolError("more replies than commands sent")
+        return True
+
     def get(self) -> object:
         """The next complete reply, or :data:`INCOMPLETE`.
 

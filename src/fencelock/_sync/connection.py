@@ -30,7 +30,7 @@ from typing import Final
 
 from .._engine.address import Address
 from .._engine.handshake import Identity, identity_from, prelude
-from .._engine.resp import INCOMPLETE, Parser, ProtocolError
+from .._engine.resp import Parser, ProtocolError
 
 __all__ = ["Connection"]
 
@@ -264,15 +264,11 @@ class Connection:
 
     def _collect(self) -> bool:
         """Move parsed replies to the request; True when it has them all."""
-        parser = self._parser
-        replies = self._replies
-        while len(replies) < self._want:
-            reply = parser.get()
-            if reply is INCOMPLETE:
+        try:
+            if not self._parser.fill(self._replies, self._want):
                 return False
-            replies.append(reply)
-        if parser.get() is not INCOMPLETE:
-            raise ProtocolError(f"{self.address.name}: more replies than commands sent")
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self.address.name}: {exc}") from None
         return not self._out
 
     def advance(self) -> list[object] | None:

@@ -36,7 +36,7 @@ from .._core.replies import classify_handshake
 from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
-from .._engine.resp import ReplyError, command
+from .._engine.resp import ReplyError, bulks, command
 from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import CALLS, PING, answer, full_call, is_noscript, is_readonly, wait_tail
 from .._scripts import Script
@@ -327,7 +327,9 @@ class Driver:
         deadline = time.monotonic() + effect.budget_s
         tail, own = wait_tail(effect.wait)
         name, keys, args = effect.script, effect.keys, effect.args
-        encode = self._calls.encode
+        head = self._calls.head
+        nargs = len(args)
+        body = bulks(args)  # the same for every server
         poll = _selector().poll
         # fd -> (index, server, connection, script, payload without its tail)
         open_: dict[int, tuple[int, Server, Connection, Script, bytes]] = {}
@@ -337,8 +339,10 @@ class Driver:
         widened: _Round | None = None
         try:
             for index, server, conn in picked:
-                script, payload = encode(server, name, keys, args)
-                conn.start(payload + tail, own)  # a write failure is raised by advance()
+                script, prefix = head(server, name, keys, nargs)
+                payload = prefix + body
+                # a write failure is raised by advance()
+                conn.start(payload + tail if tail else payload, own)
                 fd = conn.fileno()
                 poll.register(fd, _MASKS[conn.events()])
                 open_[fd] = (index, server, conn, script, payload)
@@ -370,9 +374,11 @@ class Driver:
                     del open_[fd]
                     poll.unregister(fd)
                     server.idle.append(conn)
-                    server.learned(conn.identity)
+                    if server.recheck or conn.identity is not server.identity:
+                        server.learned(conn.identity)
                     server.loaded.add(script.sha)
-                    server.answered()
+                    if server.health.suspect_since is not None:
+                        server.answered()
                     tally.record(index, *classify(reply if own == 1 else answer(replies)))
                 if stop is not None and stop(tally):
                     break
