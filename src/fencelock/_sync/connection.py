@@ -285,7 +285,38 @@ class Connection:
         if not self._busy:
             return None
         if self._state == _READY and self._plain and not self._out and self._error is None:
-            return self._advance_plain()
+            # the common case, in one piece: a plain connection with its request written
+            sock = self._sock
+            assert sock is not None
+            try:
+                try:
+                    data = sock.recv(_RECV_SIZE)
+                except BlockingIOError:
+                    return None
+                if not data:
+                    raise ConnectionResetError(
+                        errno.ECONNRESET, f"{self.address.name}: the server closed the connection"
+                    )
+                parser = self._parser
+                parser.feed(data)
+                if len(data) == _RECV_SIZE:
+                    self._read()  # there may be more
+                if not parser.fill(self._replies, self._want):
+                    return None
+            except ProtocolError as exc:
+                self.close()
+                raise ProtocolError(f"{self.address.name}: {exc}") from None
+            except BaseException:
+                self.close()
+                raise
+            if self._prelude_n:
+                return self._finish()
+            replies = self._replies
+            self._replies = []
+            self._busy = False
+            self._fresh = False
+            self.last_used = time.monotonic()
+            return replies
         try:
             if self._error is not None:
                 raise self._error
@@ -315,36 +346,6 @@ class Connection:
             self.close()
             raise
         return self._finish()
-
-    def _advance_plain(self) -> list[object] | None:
-        """:meth:`advance` for a plain (not TLS) connection with its request written."""
-        sock = self._sock
-        assert sock is not None
-        try:
-            try:
-                data = sock.recv(_RECV_SIZE)
-            except BlockingIOError:
-                return None
-            if not data:
-                raise ConnectionResetError(
-                    errno.ECONNRESET, f"{self.address.name}: the server closed the connection"
-                )
-            self._parser.feed(data)
-            if len(data) == _RECV_SIZE:
-                self._read()  # there may be more
-            if not self._collect():
-                return None
-        except BaseException:
-            self.close()
-            raise
-        if self._prelude_n:
-            return self._finish()
-        replies = self._replies
-        self._replies = []
-        self._busy = False
-        self._fresh = False
-        self.last_used = time.monotonic()
-        return replies
 
     def _finish(self) -> list[object]:
         replies = self._replies

@@ -73,18 +73,18 @@ def take(server: Server) -> Connection:
     return Connection(address, identify=server.recheck)
 
 
-def _ready(server: Server) -> Connection | None:
+def _ready(server: Server, recent: float) -> Connection | None:
     """An idle connection to a standalone server (not suspect, no sentinels) that answered
-    less than ``STALE_CHECK_AFTER_S`` ago, for a lean round; None: the general path decides
-    (it takes, checks or opens connections)."""
-    if server.is_cluster or server.sentinels is not None or server.health.suspect:
+    after ``recent`` (monotonic s), for a lean round; None: the general path decides (it
+    takes, checks or opens connections)."""
+    if server.is_cluster or server.sentinels is not None or server.health.suspect_since is not None:
         return None
     idle = server.idle
     try:
         conn: Connection = idle.pop()
     except IndexError:
         return None
-    if conn.closed or time.monotonic() - conn.last_used >= STALE_CHECK_AFTER_S:
+    if conn.last_used < recent or conn.closed:
         idle.append(conn)  # take() checks it
         return None
     return conn
@@ -223,6 +223,9 @@ class Driver:
                     result: T = stop.value
                     return result
                 error = None
+                if effect is NOW:  # the most frequent effect: no dispatch
+                    answer = time.monotonic()
+                    continue
                 try:
                     if isinstance(effect, Broadcast):
                         # the last round's stragglers are read while this one runs (a lean
@@ -316,9 +319,10 @@ class Driver:
         (the last round's stragglers) is read meanwhile and parked at the end if still open."""
         servers = self.servers
         picked: list[tuple[int, Server, Connection]] = []
+        recent = time.monotonic() - STALE_CHECK_AFTER_S
         for index in effect.targets:
             server = servers[index]
-            conn = _ready(server)
+            conn = _ready(server, recent)
             if conn is None:
                 for _, other, taken in picked:
                     other.idle.append(taken)
