@@ -358,7 +358,7 @@ class Driver:
                     entry = open_.get(fd)
                     if entry is None:
                         if older is not None and fd in older.calls:
-                            self._advance(older, older.calls[fd], _selector())
+                            self._straggler(older, fd)
                         continue
                     index, server, conn, script, payload = entry
                     try:
@@ -608,14 +608,53 @@ class Driver:
         return True
 
     def _harvest(self, round_: _Round) -> None:
-        """Read the replies of ``round_`` that have arrived already (no waiting), so that
-        fewer stragglers go to the background thread."""
-        selector = _selector()
+        """Read the replies of ``round_``'s stragglers that have arrived already (no
+        waiting), so that fewer of them go to the background thread."""
         calls = round_.calls
-        for fd in selector.select(0.0):
-            call = calls.get(fd)
-            if call is not None:
-                self._advance(round_, call, selector)
+        for fd in _selector().select(0.0):
+            if fd in calls:
+                self._straggler(round_, fd)
+
+    def _straggler(self, round_: _Round, fd: int) -> None:
+        """Progress a straggler of a decided round as the background thread would (its
+        vote no longer counts: the flow's tally is left as the round ended, and a failure
+        is not retried elsewhere): a NOSCRIPT runs the script in full when the round's
+        calls must land everywhere; an answer returns the connection to the idle ones."""
+        call = round_.calls[fd]
+        conn = call.conn
+        effect = round_.effect
+        selector = _selector()
+        try:
+            replies = conn.advance()
+        except Exception as exc:
+            del round_.calls[fd]
+            selector.unregister(fd)
+            conn.close()
+            call.server.node_failed(call.node)
+            self._failed(call.server, exc)
+            return
+        if replies is None:
+            selector.modify(fd, conn.events())
+            return
+        node = call.node
+        script = call.script
+        if script is not None and is_noscript(replies[-call.own]):
+            node.loaded.discard(script.sha)
+            if effect.land:
+                call.payload = full_call(script, effect.keys, effect.args) + call.tail
+                call.mapping, call.replies = False, call.own
+                if call.asking:  # ASKING holds for one command only
+                    call.payload, call.replies = ASKING + call.payload, call.own + 1
+                conn.start(call.payload, call.replies)
+                selector.modify(fd, conn.events())
+                return
+        elif script is not None:
+            node.loaded.add(script.sha)
+        del round_.calls[fd]
+        selector.unregister(fd)
+        node.learned(conn.identity)
+        node.idle.append(conn)
+        call.server.answered()
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
