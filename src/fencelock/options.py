@@ -52,6 +52,10 @@ def seconds(
     value: object, name: str, *, allow_zero: bool = False, allow_inf: bool = False
 ) -> float:
     """Check a duration and return it in float seconds, or raise :class:`ConfigError`."""
+    if type(value) is float and 0.0 < value < math.inf:  # the common cases, at once
+        return value
+    if type(value) is int and value > 0:
+        return float(value)
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, bool) or not isinstance(value, int | float):

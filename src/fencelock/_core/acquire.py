@@ -117,12 +117,13 @@ def grant_attempt(
     ``args``, its replies read by ``classify``) grants like the plain lock's: the majority,
     ``restart_delay``, the validity check and the fence commit; what may have landed of a
     failed attempt is released with ``cleanup``'s release (default: ``plan``'s)."""
-    if plan.n > 1:
+    n = plan.n
+    if n > 1:
         problem = independence_problem((yield Identify(plan.budget_s)), plan.names)
         if problem is not None:
             raise problem
     start: float = yield NOW
-    tally = Tally(plan.n)
+    tally = Tally(n)
     drift = plan.drift_ms(plan.ttl_ms)
     undo = plan if cleanup is None else cleanup
     try:
@@ -147,11 +148,11 @@ def grant_attempt(
             elapsed_ms=(now - start) * 1000.0,
             drift=drift,
         )
-        if plan.n > 1:
+        if n > 1:
             problem = independence_problem((yield IDENTITIES), plan.names)
             if problem is not None:
                 raise problem
-        if decision.status is Status.GRANTED and needs_commit(plan.n):
+        if decision.status is Status.GRANTED and needs_commit(n):
             decision = yield from commit_fence(plan, token, decision, tally, start)
     except GeneratorExit:
         raise

@@ -45,6 +45,11 @@ def lock_wiring(k: LockKeys) -> Wiring:
     )
 
 
+#: ``LockPlan.everyone`` for the usual server counts, built once.
+_EVERYONE_CACHED = 32
+_EVERYONE = tuple(tuple(range(n)) for n in range(_EVERYONE_CACHED))
+
+
 @dataclass(frozen=True, slots=True)
 class LockPlan:
     """Wire units (ms) and key names of one lock over ``n`` servers.
@@ -84,7 +89,9 @@ class LockPlan:
 
     @property
     def everyone(self) -> tuple[int, ...]:
-        return tuple(range(len(self.names)))
+        """Every server's index, in order (the same tuple every time)."""
+        n = len(self.names)
+        return _EVERYONE[n] if n < _EVERYONE_CACHED else tuple(range(n))
 
     def drift_ms(self, ttl_ms: float) -> float:
         return drift_ms(ttl_ms, self.drift_factor, self.drift_min_ms)

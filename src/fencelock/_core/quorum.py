@@ -35,31 +35,47 @@ class Tally:
 
     n: int
     votes: dict[int, tuple[Outcome, object]] = field(default_factory=dict)
-    # counts kept as votes are recorded: a round asks won/lost after every reply
-    _counts: dict[Outcome, int] = field(default_factory=dict, init=False, repr=False)
+    # kept as votes are recorded (a round asks won/lost after every reply): the majority, and
+    # the count of each outcome (plain ints: an Enum key hashes in Python)
+    needed: int = field(init=False, repr=False, compare=False)
+    granted: int = field(init=False, repr=False, compare=False)
+    _held: int = field(init=False, repr=False, compare=False)
+    _errors: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        self.needed = majority(self.n)
+        self.granted = self._held = self._errors = 0
         for outcome, _ in self.votes.values():
-            self._counts[outcome] = self._counts.get(outcome, 0) + 1
+            self._count(outcome)
 
-    @property
-    def needed(self) -> int:
-        return majority(self.n)
+    def _count(self, outcome: Outcome) -> None:
+        if outcome is Outcome.GRANTED:
+            self.granted += 1
+        elif outcome is Outcome.HELD:
+            self._held += 1
+        else:
+            self._errors += 1
 
     def record(self, index: int, outcome: Outcome, detail: object = None) -> None:
         if not 0 <= index < self.n:
             raise IndexError(f"server index {index} out of range for {self.n} servers")
-        if index in self.votes:
+        votes = self.votes
+        if index in votes:
             raise ValueError(f"server {index} already voted in this round")
-        self.votes[index] = (outcome, detail)
-        self._counts[outcome] = self._counts.get(outcome, 0) + 1
+        votes[index] = (outcome, detail)
+        if outcome is Outcome.GRANTED:
+            self.granted += 1
+        elif outcome is Outcome.HELD:
+            self._held += 1
+        else:
+            self._errors += 1
 
     def count(self, outcome: Outcome) -> int:
-        return self._counts.get(outcome, 0)
-
-    @property
-    def granted(self) -> int:
-        return self._counts.get(Outcome.GRANTED, 0)
+        if outcome is Outcome.GRANTED:
+            return self.granted
+        if outcome is Outcome.HELD:
+            return self._held
+        return self._errors
 
     @property
     def pending(self) -> int:
@@ -71,7 +87,7 @@ class Tally:
 
     @property
     def lost(self) -> bool:
-        return self.granted + self.pending < self.needed
+        return self.granted + self.n - len(self.votes) < self.needed
 
     @property
     def decided(self) -> bool:
@@ -80,7 +96,7 @@ class Tally:
     @property
     def answered(self) -> int:
         """Servers that gave a real answer (granted or held), as opposed to an error."""
-        return self.granted + self.count(Outcome.HELD)
+        return self.granted + self._held
 
     def granted_indexes(self) -> list[int]:
         return sorted(i for i, (o, _) in self.votes.items() if o is Outcome.GRANTED)

@@ -34,10 +34,12 @@ def release_round(
     ``next_token`` (see :mod:`.handover`): where a waiter is registered, the lock is granted
     at once under this token to the first waiter that claims it; ``waiter``: the releaser's
     own waiter id (a holder that claimed a hand-over is still registered as a waiter)."""
-    targets = plan.everyone if targets is None else targets
-    tally = Tally(plan.n)
-    if len(targets) < plan.n:
-        for index in plan.everyone:
+    everyone = plan.everyone
+    tally = Tally(len(everyone))
+    if targets is None:
+        targets = everyone
+    elif targets != everyone:
+        for index in everyone:
             if index not in targets:
                 tally.record(index, Outcome.HELD)
     args = (token, plan.handoff_ms, plan.wake_ms, next_token, plan.ttl_ms, waiter)
@@ -51,7 +53,7 @@ def release_round(
         plan.budget_s,
         tally,
     )
-    if tally.count(Outcome.GRANTED) == len(targets):
+    if tally.granted == len(targets):
         return tally  # released on every target: nothing can be late
     # "not ours" on a server we target may mean our grant there has not landed yet (a
     # straggler of the acquire round, on another connection): repeat the release there too

@@ -36,16 +36,22 @@ def decide_acquire(
     drift: float,
 ) -> AcquireDecision:
     """Decide round 1 of an acquire from the tally and the decoded replies by server index."""
-    held = [r.pttl_ms for i, r in replies.items() if not r.granted and r.pttl_ms >= 0]
-    holder_pttl = max(held) if held else None
-    if not tally.won:
-        status = Status(contention_or_unavailable(tally))
-        return AcquireDecision(status, holder_pttl_ms=holder_pttl)
-    validity = validity_ms(ttl_ms, elapsed_ms, drift)
-    if validity <= 0:
-        return AcquireDecision(Status.TOO_SLOW, validity_ms=validity, holder_pttl_ms=holder_pttl)
-    fence = merge(replies[i].fence for i in tally.granted_indexes())
-    return AcquireDecision(Status.GRANTED, fence=fence, validity_ms=validity)
+    if tally.won:
+        validity = validity_ms(ttl_ms, elapsed_ms, drift)
+        if validity > 0:
+            fence = merge([replies[i].fence for i in tally.granted_indexes()])
+            return AcquireDecision(Status.GRANTED, fence, validity)
+        return AcquireDecision(
+            Status.TOO_SLOW, validity_ms=validity, holder_pttl_ms=_holder_pttl(replies)
+        )
+    status = Status(contention_or_unavailable(tally))
+    return AcquireDecision(status, holder_pttl_ms=_holder_pttl(replies))
+
+
+def _holder_pttl(replies: Mapping[int, AcquireReply]) -> int | None:
+    """The longest lease another holder reported, if any."""
+    held = [r.pttl_ms for r in replies.values() if not r.granted and r.pttl_ms >= 0]
+    return max(held) if held else None
 
 
 def decide_confirm(tally: Tally, *, ttl_ms: float, elapsed_ms: float, drift: float) -> float:

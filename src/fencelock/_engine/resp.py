@@ -82,21 +82,48 @@ def command(*parts: bytes | str | int) -> bytes:
 
 def bulks(parts: tuple[bytes | str | int, ...]) -> bytes:
     """``parts`` as RESP bulk strings, without an array header (the tail of a command whose
-    head was encoded once)."""
+    head was encoded once). Short strings and integers (a lock's ttl, flags, windows) are
+    encoded once and remembered."""
     out: list[bytes] = []
     append = out.append
+    small = _small
     for part in parts:
         data: bytes
         if type(part) is str:
+            bulk = small.get(part)
+            if bulk is not None:
+                append(bulk)
+                continue
             data = part.encode()
+            if len(part) <= _SMALL_STR:
+                append(_remember(part, data))
+                continue
+        elif type(part) is int:
+            bulk = small.get(part)
+            if bulk is None:
+                bulk = _remember(part, b"%d" % part)
+            append(bulk)
+            continue
         elif type(part) is bytes:
             data = part
-        elif type(part) is int:
-            data = b"%d" % part
         else:
             data = _part(part)
         append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
+
+
+def _remember(part: str | int, data: bytes) -> bytes:
+    bulk = b"$%d\r\n%s\r\n" % (len(data), data)
+    if len(_small) >= _SMALL_MAX:
+        _small.clear()
+    _small[part] = bulk
+    return bulk
+
+
+#: Encoded bulk strings of short strings and integers, by value (at most _SMALL_MAX).
+_small: dict[str | int, bytes] = {}
+_SMALL_STR = 16
+_SMALL_MAX = 4096
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,6 +247,24 @@ class Parser:
     def feed(self, data: bytes) -> None:
         """Append bytes received from the server."""
         self._reader.feed(data)
+
+    def fill(self, replies: list[object], want: int) -> bool:
+        """Move complete replies into ``replies`` until it holds ``want``; True once it does.
+
+        Raises:
+            ProtocolError: the stream is not RESP2, or holds a reply beyond ``want`` (the
+                server answered something nobody asked: the connection must be closed).
+        """
+        gets = self._reader.gets
+        while len(replies) < want:
+            reply = gets()
+            if reply is False or reply is INCOMPLETE:
+                return False
+            replies.append(reply)
+        extra = gets()
+        if extra is not False and extra is not INCOMPLETE:
+            raise ProtocolError("more replies than commands sent")
+        return True
 
     def get(self) -> object:
         """The next complete reply, or :data:`INCOMPLETE`.

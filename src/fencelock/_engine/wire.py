@@ -21,9 +21,18 @@ class Calls:
     def encode(
         self, server: Server, name: str, keys: tuple[str, ...], args: tuple[str | int, ...]
     ) -> tuple[Script, bytes]:
+        script, head = self.head(server, name, keys, len(args))
+        return script, head + bulks(args)
+
+    def head(
+        self, server: Server, name: str, keys: tuple[str, ...], nargs: int
+    ) -> tuple[Script, bytes]:
+        """The script and the encoded call up to its ``nargs`` arguments (which follow as
+        :func:`~fencelock._engine.resp.bulks`): the same for every server that has the
+        script cached, so a round encodes its arguments once."""
         script = BY_NAME[name]
         loaded = script.sha in server.loaded
-        cache_key = (name, loaded, keys, len(args))
+        cache_key = (name, loaded, keys, nargs)
         prefix = self._prefixes.get(cache_key)
         if prefix is None:
             if len(self._prefixes) >= PREFIXES_MAX:
@@ -35,10 +44,10 @@ class Calls:
                 *keys,
             )
             # the array header counts the arguments that follow
-            count = 3 + len(keys) + len(args)
+            count = 3 + len(keys) + nargs
             prefix = b"*%d\r\n" % count + head[head.index(b"\r\n") + 2 :]
             self._prefixes[cache_key] = prefix
-        return script, prefix + bulks(args)
+        return script, prefix
 
 
 #: Encoded call prefixes kept, at the most (one per script, keys and server cache state).
@@ -74,10 +83,13 @@ def client_id(reply: object) -> int | None:
     return reply if isinstance(reply, int) and not isinstance(reply, bool) else None
 
 
+_NO_TAIL = (b"", 1)
+
+
 def wait_tail(wait: Wait | None) -> tuple[bytes, int]:
     """What follows a script call in its pipeline, and the replies the pipeline produces."""
     if wait is None:
-        return b"", 1
+        return _NO_TAIL
     return command("WAIT", wait.replicas, wait.timeout_ms), 2
 
 

@@ -31,7 +31,7 @@ from typing import Final
 
 from .._engine.address import Address
 from .._engine.handshake import Identity, identity_from, prelude
-from .._engine.resp import INCOMPLETE, Parser, ProtocolError
+from .._engine.resp import Parser, ProtocolError
 
 __all__ = ["Connection"]
 
@@ -99,6 +99,7 @@ class Connection:
         self._error: OSError | None = None  # a failure found in start(), raised by advance()
         self._tls_events = _WRITE
         self._fresh = True
+        self._plain = address.tls is None
 
     def __repr__(self) -> str:
         states = ("new", "connecting", "tls", "ready", "closed")
@@ -142,6 +143,22 @@ class Connection:
             raise ValueError("replies must be >= 0")
         self._busy = True
         self._replies = []
+        if self._state == _READY and not self._out:  # the common case: write it now
+            self._prelude_n = 0
+            self._want = replies
+            sock = self._sock
+            assert sock is not None
+            try:
+                sent = sock.send(payload)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except OSError as exc:
+                self._out += payload
+                self._error = exc
+                return
+            if sent < len(payload):
+                self._out += payload[sent:]
+            return
         if self._state == _NEW:
             handshake, self._prelude_n = prelude(self.address, identify=self.identify)
             self._out += handshake
@@ -249,15 +266,11 @@ class Connection:
 
     def _collect(self) -> bool:
         """Move parsed replies to the request; True when it has them all."""
-        parser = self._parser
-        replies = self._replies
-        while len(replies) < self._want:
-            reply = parser.get()
-            if reply is INCOMPLETE:
+        try:
+            if not self._parser.fill(self._replies, self._want):
                 return False
-            replies.append(reply)
-        if parser.get() is not INCOMPLETE:
-            raise ProtocolError(f"{self.address.name}: more replies than commands sent")
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self.address.name}: {exc}") from None
         return not self._out
 
     def advance(self) -> list[object] | None:
@@ -273,6 +286,39 @@ class Connection:
         """
         if not self._busy:
             return None
+        if self._state == _READY and self._plain and not self._out and self._error is None:
+            # the common case, in one piece: a plain connection with its request written
+            sock = self._sock
+            assert sock is not None
+            try:
+                try:
+                    data = sock.recv(_RECV_SIZE)
+                except BlockingIOError:
+                    return None
+                if not data:
+                    raise ConnectionResetError(
+                        errno.ECONNRESET, f"{self.address.name}: the server closed the connection"
+                    )
+                parser = self._parser
+                parser.feed(data)
+                if len(data) == _RECV_SIZE:
+                    self._read()  # there may be more
+                if not parser.fill(self._replies, self._want):
+                    return None
+            except ProtocolError as exc:
+                self.close()
+                raise ProtocolError(f"{self.address.name}: {exc}") from None
+            except BaseException:
+                self.close()
+                raise
+            if self._prelude_n:
+                return self._finish()
+            replies = self._replies
+            self._replies = []
+            self._busy = False
+            self._fresh = False
+            self.last_used = time.monotonic()
+            return replies
         try:
             if self._error is not None:
                 raise self._error

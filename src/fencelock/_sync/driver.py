@@ -37,7 +37,7 @@ from .._core.replies import classify_handshake
 from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
-from .._engine.resp import ReplyError, command
+from .._engine.resp import ReplyError, bulks, command
 from .._engine.server import Server, makes_suspect, unidentified
 from .._engine.wire import (
     CALLS,
@@ -82,6 +82,23 @@ def take(server: Server) -> Connection:
         conn.close()
         server.connection_failed()  # closed by the server: it may have restarted, so ask
     return Connection(address, identify=server.recheck)
+
+
+def _ready(server: Server, recent: float) -> Connection | None:
+    """An idle connection to a standalone server (not suspect, no sentinels) that answered
+    after ``recent`` (monotonic s), for a lean round; None: the general path decides (it
+    takes, checks or opens connections)."""
+    if server.is_cluster or server.sentinels is not None or server.health.suspect_since is not None:
+        return None
+    idle = server.idle
+    try:
+        conn: Connection = idle.pop()
+    except IndexError:
+        return None
+    if conn.last_used < recent or conn.closed:
+        idle.append(conn)  # take() checks it
+        return None
+    return conn
 
 
 class _Call:
@@ -141,7 +158,7 @@ class _Poller:
     no system call (an epoll selector costs two per call: register and unregister)."""
 
     def __init__(self) -> None:
-        self._poll = select.poll()
+        self._poll = self.poll = select.poll()
 
     def register(self, fd: int, events: int) -> None:
         self._poll.register(fd, _MASKS[events])
@@ -212,11 +229,22 @@ class Driver:
                 try:
                     effect = flow.throw(error) if error is not None else flow.send(answer)
                 except StopIteration as stop:
+                    if pending is not None:
+                        self._harvest(pending)
                     result: T = stop.value
                     return result
                 error = None
+                if effect is NOW:  # the most frequent effect: no dispatch
+                    answer = time.monotonic()
+                    continue
                 try:
-                    if pending is not None and isinstance(effect, Broadcast | Pause):
+                    if isinstance(effect, Broadcast):
+                        # the last round's stragglers are read while this one runs (a lean
+                        # round), then handed to the background thread if still silent
+                        older, pending = pending, None
+                        answer, pending = self._broadcast(effect, older)
+                        continue
+                    if pending is not None and isinstance(effect, Pause):
                         self._park(pending)
                         pending = None
                     answer, pending = self._perform(effect, pending)
@@ -250,7 +278,15 @@ class Driver:
 
     # -- rounds -------------------------------------------------------------------------------
 
-    def _broadcast(self, effect: Broadcast) -> tuple[Tally, _Round | None]:
+    def _broadcast(
+        self, effect: Broadcast, older: _Round | None = None
+    ) -> tuple[Tally, _Round | None]:
+        """Run ``effect``; ``older``: the previous round's stragglers, parked when done."""
+        lean = self._lean(effect, older)
+        if lean is not None:
+            return lean
+        if older is not None:
+            self._park(older)
         tally = effect.tally
         round_ = _Round(effect, time.monotonic() + effect.budget_s)
         tail, replies = wait_tail(effect.wait)
@@ -281,6 +317,118 @@ class Driver:
             self._park(round_)
             raise
         return tally, (round_ if round_.calls else None)
+
+    def _lean(
+        self, effect: Broadcast, older: _Round | None = None
+    ) -> tuple[Tally, _Round | None] | None:
+        """The common round, with the fewest objects and calls: every target a standalone
+        server, not suspect, with a connection that answered recently. Writes every call,
+        then reads replies as they come and records the plain ones. Anything else (an error
+        reply such as NOSCRIPT or READONLY, a broken connection, the deadline) turns the calls
+        still open into the general round's, which carries on. None when the round cannot
+        start lean (nothing was sent then, and ``older`` is left as it was); else ``older``
+        (the last round's stragglers) is read meanwhile and parked at the end if still open."""
+        servers = self.servers
+        picked: list[tuple[int, Server, Connection]] = []
+        recent = time.monotonic() - STALE_CHECK_AFTER_S
+        for index in effect.targets:
+            server = servers[index]
+            conn = _ready(server, recent)
+            if conn is None:
+                for _, other, taken in picked:
+                    other.idle.append(taken)
+                return None
+            picked.append((index, server, conn))
+        deadline = time.monotonic() + effect.budget_s
+        tail, own = wait_tail(effect.wait)
+        name, keys, args = effect.script, effect.keys, effect.args
+        head = self._calls.head
+        nargs = len(args)
+        body = bulks(args)  # the same for every server
+        poll = _selector().poll
+        # fd -> (index, server, connection, script, payload without its tail)
+        open_: dict[int, tuple[int, Server, Connection, Script, bytes]] = {}
+        tally = effect.tally
+        classify = effect.classify
+        stop = effect.stop
+        widened: _Round | None = None
+        try:
+            for index, server, conn in picked:
+                script, prefix = head(server, name, keys, nargs)
+                payload = prefix + body
+                # a write failure is raised by advance()
+                conn.start(payload + tail if tail else payload, own)
+                fd = conn.fileno()
+                poll.register(fd, _MASKS[conn.events()])
+                open_[fd] = (index, server, conn, script, payload)
+            while open_ and widened is None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                for fd, _ in poll.poll(math.ceil(timeout * 1000.0)):
+                    entry = open_.get(fd)
+                    if entry is None:
+                        if older is not None and fd in older.calls:
+                            self._straggler(older, fd)
+                        continue
+                    index, server, conn, script, payload = entry
+                    try:
+                        replies = conn.advance()
+                    except Exception as exc:
+                        widened = self._widen(effect, deadline, open_)
+                        self._broke(widened, widened.calls[fd], fd, exc)
+                        break
+                    if replies is None:
+                        poll.modify(fd, _MASKS[conn.events()])
+                        continue
+                    reply = replies[-own]
+                    if isinstance(reply, ReplyError):  # NOSCRIPT, READONLY...: the full path
+                        widened = self._widen(effect, deadline, open_)
+                        self._replied(widened, widened.calls[fd], fd, replies)
+                        break
+                    del open_[fd]
+                    poll.unregister(fd)
+                    server.idle.append(conn)
+                    if server.recheck or conn.identity is not server.identity:
+                        server.learned(conn.identity)
+                    server.loaded.add(script.sha)
+                    if server.health.suspect_since is not None:
+                        server.answered()
+                    tally.record(index, *classify(reply if own == 1 else answer(replies)))
+                if stop is not None and stop(tally):
+                    break
+            if older is not None:
+                if older.calls:
+                    self._park(older)
+                older = None
+            if open_:
+                widened = self._widen(effect, deadline, open_)
+            if widened is not None:
+                # go on as the general path does: to the stop rule or the deadline
+                self._collect(widened, settle=False)
+        except BaseException:
+            if older is not None:
+                self._park(older)
+            if open_:
+                widened = self._widen(effect, deadline, open_)
+            if widened is not None:
+                self._park(widened)
+            raise
+        return tally, (widened if widened is not None and widened.calls else None)
+
+    def _widen(
+        self,
+        effect: Broadcast,
+        deadline: float,
+        open_: dict[int, tuple[int, Server, Connection, Script, bytes]],
+    ) -> _Round:
+        """The lean round's open calls as a general round (their descriptors stay watched)."""
+        round_ = _Round(effect, deadline)
+        tail, own = wait_tail(effect.wait)
+        for fd, (index, server, conn, script, payload) in open_.items():
+            round_.calls[fd] = _Call(index, server, conn, script, payload, server, tail, own)
+        open_.clear()
+        return round_
 
     def _identify(self, effect: Identify) -> None:
         """A handshake (and a PING) with every server not identified yet and not suspect."""
@@ -363,30 +511,42 @@ class Driver:
                 tally.record(call.index, *effect.classify(exc))
 
     def _advance(self, round_: _Round, call: _Call, selector: _Poller) -> None:
-        effect = round_.effect
         conn = call.conn
         fd = conn.fileno()
         try:
             replies = conn.advance()
         except Exception as exc:
-            del round_.calls[fd]
-            selector.unregister(fd)
-            conn.close()
-            if (
-                retry_on_new_connection(call, exc)
-                and time.monotonic() < round_.deadline
-                and self._reconnect(call)
-            ):
-                self._start(round_, call)
-                return
-            if self._elsewhere(round_, call, exc):
-                return
-            self._failed(call.server, exc)
-            effect.tally.record(call.index, *effect.classify(exc))
+            self._broke(round_, call, fd, exc)
             return
         if replies is None:
             selector.modify(fd, conn.events())
             return
+        self._replied(round_, call, fd, replies)
+
+    def _broke(self, round_: _Round, call: _Call, fd: int, exc: Exception) -> None:
+        """``call``'s connection (watched as ``fd``) failed with ``exc``: retry a reused
+        connection once on a new one, try another cluster node, or record the failure."""
+        del round_.calls[fd]
+        _selector().unregister(fd)
+        call.conn.close()
+        if (
+            retry_on_new_connection(call, exc)
+            and time.monotonic() < round_.deadline
+            and self._reconnect(call)
+        ):
+            self._start(round_, call)
+            return
+        if self._elsewhere(round_, call, exc):
+            return
+        self._failed(call.server, exc)
+        effect = round_.effect
+        effect.tally.record(call.index, *effect.classify(exc))
+
+    def _replied(self, round_: _Round, call: _Call, fd: int, replies: list[object]) -> None:
+        """``call`` (watched as ``fd``) has its replies: rerun a script the server lacked,
+        follow a redirect, or record the vote."""
+        effect = round_.effect
+        conn = call.conn
         call.retried = True  # it answered: a later failure is not a stale connection's
         server = call.server
         node = call.node
@@ -402,12 +562,12 @@ class Driver:
             if call.asking:  # ASKING holds for one command only
                 call.payload, call.replies = ASKING + call.payload, call.own + 1
             conn.start(call.payload, call.replies)
-            selector.modify(fd, conn.events())
+            _selector().modify(fd, conn.events())
             return
         redirect = server.redirected(reply) if script is not None else None
         node.learned(conn.identity)
         del round_.calls[fd]
-        selector.unregister(fd)
+        _selector().unregister(fd)
         node.idle.append(conn)
         if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < round_.deadline:
             self._send_to(round_, call, redirect[0], asking=redirect[1])
@@ -457,6 +617,55 @@ class Driver:
         call.node.connection_failed()
         self._send_to(round_, call, server.route(round_.effect.keys), asking=False)
         return True
+
+    def _harvest(self, round_: _Round) -> None:
+        """Read the replies of ``round_``'s stragglers that have arrived already (no
+        waiting), so that fewer of them go to the background thread."""
+        calls = round_.calls
+        for fd in _selector().select(0.0):
+            if fd in calls:
+                self._straggler(round_, fd)
+
+    def _straggler(self, round_: _Round, fd: int) -> None:
+        """Progress a straggler of a decided round as the background thread would (its
+        vote no longer counts: the flow's tally is left as the round ended, and a failure
+        is not retried elsewhere): a NOSCRIPT runs the script in full when the round's
+        calls must land everywhere; an answer returns the connection to the idle ones."""
+        call = round_.calls[fd]
+        conn = call.conn
+        effect = round_.effect
+        selector = _selector()
+        try:
+            replies = conn.advance()
+        except Exception as exc:
+            del round_.calls[fd]
+            selector.unregister(fd)
+            conn.close()
+            call.server.node_failed(call.node)
+            self._failed(call.server, exc)
+            return
+        if replies is None:
+            selector.modify(fd, conn.events())
+            return
+        node = call.node
+        script = call.script
+        if script is not None and is_noscript(replies[-call.own]):
+            node.loaded.discard(script.sha)
+            if effect.land:
+                call.payload = full_call(script, effect.keys, effect.args) + call.tail
+                call.mapping, call.replies = False, call.own
+                if call.asking:  # ASKING holds for one command only
+                    call.payload, call.replies = ASKING + call.payload, call.own + 1
+                conn.start(call.payload, call.replies)
+                selector.modify(fd, conn.events())
+                return
+        elif script is not None:
+            node.loaded.add(script.sha)
+        del round_.calls[fd]
+        selector.unregister(fd)
+        node.learned(conn.identity)
+        node.idle.append(conn)
+        call.server.answered()
 
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
