@@ -382,8 +382,12 @@ def _handoff_loop(url: str, key: str, start_at: float, duration_s: float) -> lis
     return records
 
 
-def _handoff_process(url: str, key: str, ready: Any, go: Any, out: Any, duration_s: float) -> None:
-    """Process entry point: warm up, report ready, wait for the common start time, run."""
+def _handoff_process(
+    url: str, key: str, ready: Any, go: Any, out: Any, leave: Any, duration_s: float
+) -> None:
+    """Process entry point: warm up, report ready, wait for the common start time, run, then
+    stay until every worker has reported (an exiting interpreter's teardown would take CPU
+    from the workers still waiting for the lock, and show as their wait)."""
     from . import Lock
 
     warm = Lock(url, key + ":warm", ttl=LOCK_TTL_S)
@@ -392,6 +396,7 @@ def _handoff_process(url: str, key: str, ready: Any, go: Any, out: Any, duration
     ready.put(os.getpid())
     start_at = go.get(timeout=60.0)
     out.put(_handoff_loop(url, key, start_at, duration_s))
+    leave.get(timeout=duration_s + 60.0)
 
 
 def _handoff_threads(url: str, key: str, duration_s: float) -> list[list[Record]]:
@@ -423,10 +428,11 @@ def _handoff_processes(url: str, key: str, duration_s: float) -> list[list[Recor
     ready: Any = ctx.Queue()
     go: Any = ctx.Queue()
     out: Any = ctx.Queue()
+    leave: Any = ctx.Queue()
     procs = [
         ctx.Process(
             target=_handoff_process,
-            args=(url, key, ready, go, out, duration_s),
+            args=(url, key, ready, go, out, leave, duration_s),
             name=f"bench-handoff-{i}",
             daemon=True,
         )
@@ -442,6 +448,8 @@ def _handoff_processes(url: str, key: str, duration_s: float) -> list[list[Recor
             go.put(start_at)
         results = [out.get(timeout=duration_s + 60.0) for _ in procs]
     finally:
+        for _ in procs:
+            leave.put(True)
         for proc in procs:
             proc.join(timeout=10.0)
             if proc.is_alive():
