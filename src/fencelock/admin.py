@@ -30,6 +30,7 @@ from typing import Any, Literal, TypedDict
 import redis
 from redis.exceptions import NoScriptError
 
+from ._core.handover import HANDED_PREFIX
 from ._core.keys import LockKeys, lock_keys, rw_keys, slot_keys
 from ._core.plan import release_keys
 from ._core.semaphore import check_limit
@@ -90,7 +91,9 @@ class _ServerView(TypedDict):
     held: bool  # the lock key exists
     token_prefix: str | None  # the holder's token, first 8 characters
     ttl_s: float | None  # validity left on this server, seconds
-    holder: dict[str, Any] | None  # holder metadata (host, pid, purpose...), or {"raw": text}
+    # holder metadata (host, pid, purpose...), {"raw": text}, or {"handed_over": True} for a
+    # lease a release handed to the first waiter in line (no holder info is written for it)
+    holder: dict[str, Any] | None
     fence: int | None  # this server's fence register
     error: str | None  # why the server could not be read (or its fence register is bad)
 
@@ -529,6 +532,10 @@ def _probe(
         except ValueError:
             parsed = None
         row["holder"] = parsed if isinstance(parsed, dict) else {"raw": holder_text}
+    elif token_text is not None and token_text.startswith(HANDED_PREFIX):
+        # a release handed the lock to the first waiter in line: it could not know who that
+        # would be, so no holder info was written
+        row["holder"] = {"handed_over": True}
     fence_text = _text(fence)
     if fence_text is not None:
         try:

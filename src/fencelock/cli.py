@@ -819,6 +819,8 @@ def _describe_holder(holder: dict[str, Any]) -> str:
         parts.append(f"acquired_at={stamp} ({max(0.0, time.time() - acquired):.1f} s ago)")
     if "raw" in holder:
         parts.append(f"raw={holder['raw']!r}")
+    if holder.get("handed_over"):
+        parts.append("handed over by a release to the first waiter in line (no holder info)")
     return " ".join(parts)
 
 

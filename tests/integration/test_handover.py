@@ -27,6 +27,7 @@ from fencelock._engine.wire import CLIENT_ID, client_id
 from fencelock._scripts import ACQUIRE
 from fencelock._sync.connection import Connection
 from fencelock._sync.driver import Driver
+from fencelock.admin import status
 from fencelock.servers import Server
 
 TTL = 10.0  # far longer than any check here: a grant that leaked would show as a long wait
@@ -263,3 +264,26 @@ def test_ending_a_claiming_wait_hears_what_the_server_moved(fencelock_server: Se
     client.rpush("empty", b"late")
     assert client.lrange("empty", 0, -1) == [b"late"]  # nobody was still waiting to move it
     assert not client.exists("dst2")
+
+
+def test_status_says_a_handed_over_lease_has_no_holder_info(fencelock_server: Server) -> None:
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    a = Lock(url, "status", ttl=TTL).acquire()
+    got: dict[str, Any] = {}
+
+    def wait() -> None:
+        got["lease"] = Lock(url, "status", ttl=TTL).acquire(wait=LIVENESS)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    _wait_blocked(client, 1)
+    a.release()
+    thread.join(LIVENESS)
+    report = status([url], "status")
+    (row,) = report["servers"]
+    assert row["held"] and row["token_prefix"] == got["lease"].token[:8]
+    assert row["holder"] == {"handed_over": True}
+    got["lease"].release()
+    (row,) = status([url], "status")["servers"]
+    assert not row["held"] and row["holder"] is None
