@@ -10,13 +10,25 @@
 -- (PX ARGV[5], fence = max(F + 1, server TIME in us), stored in F) and the wake list holds
 -- one element 'token fence lease_ms' for ARGV[2] ms: the first waiter blocked on it claims
 -- the grant by moving it to KEYS[7] (BLMOVE); an unclaimed one is void once it expired (see
--- acquire.lua). Without a next token, one waiter is woken to try again, and newcomers step
--- aside for ARGV[2] ms.
+-- acquire.lua; a release of the grant's token removes its element). Without a next token,
+-- one waiter is woken to try again, and newcomers step aside for ARGV[2] ms.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])
-if string.byte(ARGV[1], 1) == 104 then redis.call('DEL', KEYS[7]) end
+if string.byte(ARGV[1], 1) == 104 then
+  -- a handed-over grant: its claim goes with it; released before anyone claimed it (an admin
+  -- release within the window), its element must not be claimed later, when the lock key
+  -- may be someone else's
+  redis.call('DEL', KEYS[7])
+  local mine = ARGV[1] .. ' '
+  for _, element in ipairs(redis.call('LRANGE', KEYS[4], 0, 7)) do
+    if string.sub(element, 1, #mine) == mine then
+      redis.call('DEL', KEYS[4])
+      break
+    end
+  end
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
   local now = redis.call('TIME')

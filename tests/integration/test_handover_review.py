@@ -1,0 +1,79 @@
+"""Review of the one-round-trip hand-over: interleavings found to break it, on real servers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from fencelock import Lock, NotAcquired, admin
+from fencelock._core.keys import lock_keys
+from fencelock._scripts import ACQUIRE
+from fencelock.servers import Server
+
+TTL = 10.0
+LIVENESS = 3.0
+
+
+def _register_waiter(client: redis.Redis, name: str, waiter: str, patience_ms: int) -> None:
+    """A waiter that asks once (refused, so registered until ``patience_ms`` + 100 ms from
+    now), then gives up without ever blocking."""
+    keys = lock_keys(name)
+    client.script_load(ACQUIRE.source)
+    reply = client.evalsha(
+        ACQUIRE.sha,
+        ACQUIRE.numkeys,
+        keys.lock,
+        keys.fence,
+        keys.holder,
+        keys.waiters,
+        keys.handoff,
+        keys.wake,
+        keys.claimed,
+        "f" * 40,
+        int(TTL * 1000),
+        "",
+        "0",
+        waiter,
+        patience_ms,
+    )
+    assert reply[0] == 0
+
+
+@pytest.mark.parametrize("how", ["force_release", "release"])
+def test_an_admin_release_of_a_pending_grant_voids_its_wake_element(
+    fencelock_server: Server, how: str
+) -> None:
+    """A grant still waiting in the wake list is the lock's holder: an admin release (or
+    force_release) of it must void the element too, or a waiter that blocks afterwards
+    claims a grant whose lock key another caller took meanwhile: two holders."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    name = f"admin-pending-{how}"
+    keys = lock_keys(name)
+    window = 1.0  # a long hand-off window, so that the steps below fit in it
+    a = Lock(url, name, ttl=TTL, handoff_window=window).acquire()
+    _register_waiter(client, name, "gone", patience_ms=100)  # registered for ~200 ms
+    a.release()
+    pending = client.get(keys.lock)
+    assert pending is not None and pending.startswith(b"h")  # handed over, unclaimed
+    time.sleep(0.3)  # the registration expired; the grant's element is still in the wake list
+    assert client.exists(keys.wake)
+    if how == "force_release":
+        assert admin.force_release(url, name).servers[0].outcome == "deleted"
+    else:
+        assert admin.release(url, name, pending.decode()).servers[0].outcome == "released"
+    newcomer = Lock(url, name, ttl=TTL).acquire(wait=0)
+    assert client.get(keys.lock) == newcomer.token.encode()
+    late = Lock(url, name, ttl=TTL, handoff_window=window)
+    try:
+        second = late.acquire(wait=0.3)
+    except NotAcquired:
+        second = None
+    assert second is None, (
+        f"two holders: {newcomer.token[:8]} (fence {newcomer.fence}) and "
+        f"{second.token[:8]} (fence {second.fence}); the lock key holds {client.get(keys.lock)!r}"
+    )
+    newcomer.release()
+
