@@ -158,3 +158,42 @@ def test_a_claim_late_in_a_long_wait_is_refreshed_by_one_extend() -> None:
     effect = flow.send(104.0)  # the extend round starts its clock, then sends
     assert isinstance(effect, Broadcast) and effect.script == "extend"
     assert effect.args == ("htok", plan.ttl_ms)
+
+
+def test_a_claim_whose_refresh_is_refused_is_no_grant() -> None:
+    """The refresh extend answered "not ours": the lock key is no longer the handed token
+    (released by an operator, taken over), so the claim must not become a lease."""
+    plan = plan_of(1)
+    flow = claim(plan, 5.0, 0, _give_back(plan))
+    _start(flow)  # paused at 100.0
+    assert flow.send(b"htok 42 10000") is NOW
+    assert flow.send(104.0) is NOW  # late in a long wait: refreshed
+    effect = flow.send(104.0)
+    assert isinstance(effect, Broadcast) and effect.script == "extend"
+    effect.tally.record(0, *effect.classify(0))  # "not ours"
+    assert flow.send(None) is NOW  # the extend's clock
+    try:
+        while True:
+            effect = flow.send(104.01)
+            assert not isinstance(effect, Broadcast)  # nothing to give back: not ours
+    except StopIteration as stop:
+        got = stop.value
+    assert got.handed is None
+
+
+def test_a_claim_whose_refresh_ran_out_unconfirmed_is_given_back() -> None:
+    """The refresh extend was not answered in time (its PEXPIRE may have landed): the grant
+    may still be ours on the server, so it is given back, not left to its ttl."""
+    plan = plan_of(1)
+    flow = claim(plan, 5.0, 0, _give_back(plan))
+    _start(flow)  # paused at 100.0
+    assert flow.send(b"htok 42 10000 50") is NOW
+    assert flow.send(104.0) is NOW
+    effect = flow.send(104.0)
+    assert isinstance(effect, Broadcast) and effect.script == "extend"
+    effect.tally.record(0, *effect.classify(TimeoutError("silent")))
+    assert flow.send(None) is NOW
+    assert flow.send(110.0) is NOW  # the extend came back after the claimed lease ran out
+    effect = flow.send(110.0)
+    assert isinstance(effect, Broadcast) and effect.script == "release"
+    assert effect.args[0] == "htok"

@@ -16,7 +16,7 @@ Rules:
   may have waited that long before it blocked): ``paused_at + lease - window - drift``; a
   lease shorter than its own ttl is used as it was given; when that leaves less than
   :data:`REFRESH_BELOW` of a fresh lease (the grant came late in a long wait), one extend
-  round restarts it;
+  round restarts it (refused: the grant is no longer ours, and no grant is returned);
 - a claim interrupted after the server moved the element (KeyboardInterrupt, cancellation) is
   given back at once: released, and handed over to the next waiter.
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .effects import NOW, ClaimInterrupted, Flow, Pause
-from .extend import extend
+from .extend import ExtendOutcome, extend
 from .plan import LockPlan
 
 #: The first character of a token a release chose for the next holder (never in a hex token).
@@ -116,6 +116,10 @@ def claim(
         except BaseException:
             yield from give_back(handed)
             raise
+        if refreshed.outcome is ExtendOutcome.REFUSED:
+            # "not ours": the handed token no longer holds the lock (released, taken over):
+            # there is nothing to use, nor to give back
+            return Claim(None, 0.0, paused_at, woken=True)
         deadline = refreshed.deadline
         now = yield NOW
     if deadline <= now:
