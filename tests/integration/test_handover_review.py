@@ -77,3 +77,28 @@ def test_an_admin_release_of_a_pending_grant_voids_its_wake_element(
     )
     newcomer.release()
 
+
+def test_a_claimed_lease_never_outlives_its_key_when_the_windows_differ(
+    fencelock_server: Server,
+) -> None:
+    """The grant waits in the wake list for the RELEASER's hand-off window: a claimer with a
+    shorter window of its own must not count its lease as if the grant were younger than it
+    can be (a local deadline after the key's real expiry: two holders)."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    name = "windows-differ"
+    keys = lock_keys(name)
+    a = Lock(url, name, ttl=TTL, handoff_window=1.0).acquire()
+    _register_waiter(client, name, "slow", patience_ms=60_000)
+    a.release()
+    assert client.get(keys.lock).startswith(b"h")  # handed over, waiting for a claimer
+    time.sleep(0.9)  # the grant ages in the wake list (its window is 1 s)
+    lease = Lock(url, name, ttl=TTL).acquire(wait=LIVENESS)  # default window: 50 ms
+    remaining = lease.remaining()
+    key_left = client.pttl(keys.lock) / 1000.0
+    assert lease.token.startswith("h")  # it claimed the aged grant
+    assert remaining <= key_left, (
+        f"the lease counts {remaining:.3f} s left, its key expires in {key_left:.3f} s"
+    )
+    lease.release()
+

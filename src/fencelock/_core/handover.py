@@ -6,14 +6,16 @@ Rules:
 - the releaser picks the next holder's token (``h`` + a fresh random token, so that the
   acquire script can tell a handed-over grant from an ordinary one) and the script bumps the
   fence exactly as an acquire does; the grant waits in the wake list as one element
-  ``token fence lease_ms`` for ``plan.handoff_ms`` (the claim window);
+  ``token fence lease_ms window_ms`` for the releaser's ``plan.handoff_ms`` (the claim
+  window, ``window_ms``);
 - the first waiter blocked on the wake list claims it by moving the element to the claimed
   list (``BLMOVE``): the server serves blocked clients in the order they blocked, so waiters
   are granted in arrival order; a waiter that died or gave up never blocks again, so it is
   skipped; a grant nobody claimed within the window is void (the acquire script takes its
   place), so a dead waiter costs the others at most the window;
 - the claimer counts its lease from before it blocked, less the claim window (the element
-  may have waited that long before it blocked): ``paused_at + lease - window - drift``; a
+  may have waited that long before it blocked): ``paused_at + lease - window - drift``, with
+  the window the element names (the releaser's: a claimer's own may be shorter); a
   lease shorter than its own ttl is used as it was given; when that leaves less than
   :data:`REFRESH_BELOW` of a fresh lease (the grant came late in a long wait), one extend
   round restarts it (refused: the grant is no longer ours, and no grant is returned);
@@ -36,11 +38,12 @@ HANDED_PREFIX = "h"
 
 @dataclass(frozen=True, slots=True)
 class Handed:
-    """A grant a release handed over: its token, fence and lease (ms)."""
+    """A grant a release handed over: its token, fence, lease and claim window (ms)."""
 
     token: str
     fence: int
     lease_ms: int
+    window_ms: int
 
 
 def offered_token(plan: LockPlan, new_token: Callable[[], str] | None) -> str:
@@ -55,21 +58,22 @@ def parse_handed(element: object) -> Handed | None:
     if not isinstance(element, bytes) or not element.startswith(b"h"):
         return None
     parts = element.split(b" ")
-    if len(parts) != 3:
+    if len(parts) != 4:
         return None
     try:
-        fence, lease_ms = int(parts[1]), int(parts[2])
+        fence, lease_ms, window_ms = int(parts[1]), int(parts[2]), int(parts[3])
     except ValueError:
         return None
-    if fence <= 0 or lease_ms <= 0:
+    if fence <= 0 or lease_ms <= 0 or window_ms <= 0:
         return None
-    return Handed(parts[0].decode("ascii", "replace"), fence, lease_ms)
+    return Handed(parts[0].decode("ascii", "replace"), fence, lease_ms, window_ms)
 
 
 def claimed_deadline(plan: LockPlan, handed: Handed, paused_at: float) -> float:
     """Monotonic s until which a claimed grant is valid (see the module's rules)."""
     lease_ms = min(plan.ttl_ms, handed.lease_ms)
-    return paused_at + (lease_ms - plan.handoff_ms - plan.drift_ms(lease_ms)) / 1000.0
+    window_ms = max(plan.handoff_ms, handed.window_ms)  # the element lived the releaser's
+    return paused_at + (lease_ms - window_ms - plan.drift_ms(lease_ms)) / 1000.0
 
 
 @dataclass(frozen=True, slots=True)
