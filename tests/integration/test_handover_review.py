@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -102,3 +104,39 @@ def test_a_claimed_lease_never_outlives_its_key_when_the_windows_differ(
     )
     lease.release()
 
+
+def _keys_without_ttl(client: redis.Redis, name: str) -> list[bytes]:
+    keys = lock_keys(name)
+    found = client.keys(keys.lock.replace("{", "\\{").replace("}", "\\}") + "*")
+    return sorted(key for key in found if client.pttl(key) == -1 and key != keys.fence.encode())
+
+
+def test_a_claim_whose_holder_vanished_leaves_no_key_without_ttl(fencelock_server: Server) -> None:
+    """A claimer that never releases (killed) lets its lease expire; once the next holder is
+    done, the lock's keys are gone again, as with any other holder (the fence register
+    excepted): no claimed list left forever."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    name = "claimer-vanished"
+    a = Lock(url, name, ttl=0.5).acquire()
+    _register_waiter(client, name, "x", patience_ms=60_000)
+    client.delete(lock_keys(name).waiters)  # (only the claimer below waits)
+    got: dict[str, Any] = {}
+
+    def wait() -> None:
+        got["lease"] = Lock(url, name, ttl=0.5).acquire(wait=LIVENESS)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    end = time.monotonic() + LIVENESS
+    while int(client.info("clients")["blocked_clients"]) < 1:
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    a.release()
+    thread.join(LIVENESS)
+    claimed = got["lease"]
+    assert claimed.token.startswith("h")
+    time.sleep(1.6)  # its holder is gone: the lease (and its waiter registration) expired
+    nxt = Lock(url, name, ttl=0.5).acquire(wait=LIVENESS)
+    nxt.release()
+    assert _keys_without_ttl(client, name) == []

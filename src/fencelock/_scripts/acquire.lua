@@ -38,6 +38,7 @@ if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
   return refuse(redis.call('PTTL', KEYS[5]))
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[7])  -- the lock was free: a claim left there (its holder gone) is over
   return grant()
 end
 local function claimed(token)
