@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+import fencelock.asyncio as fasync
 from fencelock import Lock, NotAcquired, admin
 from fencelock._core.keys import lock_keys
 from fencelock._scripts import ACQUIRE
@@ -140,3 +142,43 @@ def test_a_claim_whose_holder_vanished_leaves_no_key_without_ttl(fencelock_serve
     nxt = Lock(url, name, ttl=0.5).acquire(wait=LIVENESS)
     nxt.release()
     assert _keys_without_ttl(client, name) == []
+
+
+def test_a_claim_cancelled_twice_leaks_no_grant(fencelock_server: Server) -> None:
+    """A second cancellation while the driver ends an interrupted claim (CLIENT UNBLOCK, then
+    the blocked connection's answer) must not drop the element it hears: the grant would be
+    held by nobody for the whole ttl (asyncio.wait_for or a TaskGroup cancelling a waiter
+    whose own caller is cancelled too)."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    name = "cancel-twice"
+
+    async def sweep() -> list[int]:
+        leaked = []
+        for j in range(0, 12):
+            holder = await fasync.Lock(url, name, ttl=TTL).acquire()
+            waiter = asyncio.ensure_future(fasync.Lock(url, name, ttl=TTL).acquire(wait=5))
+            end = time.monotonic() + LIVENESS
+            while int(client.info("clients")["blocked_clients"]) < 1:
+                assert time.monotonic() < end
+                await asyncio.sleep(0.005)
+            await holder.release()  # handed over: the server moved the element for the waiter
+            waiter.cancel()
+            for _ in range(j):
+                await asyncio.sleep(0)
+            waiter.cancel()
+            await asyncio.wait({waiter}, timeout=LIVENESS)
+            assert waiter.done()
+            if not waiter.cancelled() and waiter.exception() is None:
+                await waiter.result().release()
+            try:
+                nxt = await fasync.Lock(url, name, ttl=TTL).acquire(wait=1.0)
+            except NotAcquired:
+                leaked.append(j)
+                client.delete(*lock_keys(name).script_keys)
+                continue
+            await nxt.release()
+        return leaked
+
+    assert asyncio.run(sweep()) == []
+

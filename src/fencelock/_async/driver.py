@@ -701,8 +701,18 @@ class AsyncDriver:
                 conn.close()
                 raise
             # the server may have moved an element for us: end the wait from another
-            # connection (CLIENT UNBLOCK) and hear the answer, so a claim is never lost
-            element = await _unblocked(node, loop, conn, request, self.timeout_s)
+            # connection (CLIENT UNBLOCK) and hear the answer, so a claim is never lost --
+            # in a task of its own, heard out even if the caller is cancelled again meanwhile
+            # (bounded: two server timeouts); the first cancellation is raised all the same
+            hearing = keep(
+                asyncio.ensure_future(_unblocked(node, loop, conn, request, self.timeout_s))
+            )
+            while not hearing.done():
+                try:
+                    await asyncio.shield(hearing)
+                except asyncio.CancelledError:
+                    continue
+            element = None if hearing.cancelled() else hearing.result()
             if element is not None:
                 raise fx.ClaimInterrupted(element, exc) from exc
             raise
