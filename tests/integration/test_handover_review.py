@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from typing import Any
@@ -12,7 +13,11 @@ import redis
 
 import fencelock.asyncio as fasync
 from fencelock import Lock, NotAcquired, admin
+from fencelock._async.driver import AsyncDriver
+from fencelock._core.effects import Pause
 from fencelock._core.keys import lock_keys
+from fencelock._engine.address import from_url
+from fencelock._engine.registry import server_for_address
 from fencelock._scripts import ACQUIRE
 from fencelock.servers import Server
 
@@ -228,3 +233,26 @@ def test_a_claim_cancelled_while_the_server_is_paused_leaks_no_grant(
             raise AssertionError(f"a grant leaked: {client.get(lock_keys(name).lock)!r}") from None
         assert time.monotonic() - start < LIVENESS
         nxt.release()
+
+
+@pytest.mark.parametrize("claim", ["claimed", None])
+def test_a_pause_on_a_server_gone_since_its_round_sleeps(claim: str | None) -> None:
+    """The server that answered "held" is gone when the waiter blocks on it (restarted,
+    crashed): the asyncio pause sleeps out its delay as the sync one does and as a plain
+    (BLPOP) pause does; the claim's CLIENT ID must not raise the connection error out of
+    acquire()."""
+    with socket.socket() as probe:  # a loopback port with nobody listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = server_for_address(from_url(f"redis://127.0.0.1:{port}"))
+    pause = Pause(0.2, (0, "wake"), claim)
+    nothing = None if claim else False
+    start = time.monotonic()
+
+    async def run() -> object:
+        return await AsyncDriver((server,), timeout_s=0.5)._pause(pause)
+
+    assert not server.health.suspect
+    assert asyncio.run(run()) is nothing
+    assert time.monotonic() - start < LIVENESS
+

@@ -688,10 +688,17 @@ class AsyncDriver:
         try:
             if effect.claim is not None and conn.client_id is None:
                 conn.client_id = client_id((await conn.request(CLIENT_ID, 1))[0])
-        except BaseException:
+        except BaseException as exc:
             timer.cancel()
             conn.close()
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # the server went away since its round (nothing was asked of it yet): as below
+            _failed(server, exc, self.timeout_s)
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
+            return nothing
         request = asyncio.ensure_future(conn.request(payload, 1))
         try:
             replies = await asyncio.shield(request)
