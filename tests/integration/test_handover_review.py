@@ -19,6 +19,7 @@ from fencelock._core.keys import lock_keys
 from fencelock._engine.address import from_url
 from fencelock._engine.registry import server_for_address
 from fencelock._scripts import ACQUIRE
+from fencelock.chaos.proxy import Proxy
 from fencelock.servers import Server
 
 TTL = 10.0
@@ -288,3 +289,30 @@ def test_status_names_the_holder_of_a_handed_over_grant(fencelock_server: Server
         assert row["holder"] is not None and row["holder"].get("purpose") == "second"
     finally:
         lease.release()
+
+
+def test_a_waiter_refused_by_a_grant_awaiting_its_claim_comes_back_after_the_window(
+    fencelock_server: Server,
+) -> None:
+    """A waiter refused while a handed-over grant waits for its claimer (here a dead one) is
+    told the window left, not the grant's whole lease: with a round trip longer than what is
+    left of the window, its BLMOVE arrives after the element expired, and it must not then
+    sleep the lease out while the void grant leaves the lock free."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    name = "refused-by-pending"
+    proxy = Proxy(fencelock_server.host, fencelock_server.port).start()
+    try:
+        far = Lock(proxy.url, name, ttl=TTL)
+        holder = Lock(url, name, ttl=TTL).acquire()
+        _register_waiter(client, name, "dead", patience_ms=60_000)
+        far.try_acquire()  # its connection is up (refused: held)
+        proxy.latency(30)  # 60 ms round trips against a 50 ms hand-off window
+        holder.release()  # handed over to the dead waiter
+        start = time.monotonic()
+        lease = far.acquire(wait=LIVENESS)
+        elapsed = time.monotonic() - start
+        lease.release()
+    finally:
+        proxy.stop()
+    assert elapsed < 1.0, f"waited {elapsed:.2f} s for a lock that was free after 50 ms"
