@@ -62,7 +62,7 @@ def test_an_admin_release_of_a_pending_grant_voids_its_wake_element(
     client = fencelock_server.client()
     name = f"admin-pending-{how}"
     keys = lock_keys(name)
-    window = 1.0  # a long hand-off window, so that the steps below fit in it
+    window = 2.0  # a long hand-off window, so that the steps below fit in it
     a = Lock(url, name, ttl=TTL, handoff_window=window).acquire()
     _register_waiter(client, name, "gone", patience_ms=100)  # registered for ~200 ms
     a.release()
@@ -98,11 +98,11 @@ def test_a_claimed_lease_never_outlives_its_key_when_the_windows_differ(
     client = fencelock_server.client()
     name = "windows-differ"
     keys = lock_keys(name)
-    a = Lock(url, name, ttl=TTL, handoff_window=1.0).acquire()
+    a = Lock(url, name, ttl=TTL, handoff_window=2.0).acquire()
     _register_waiter(client, name, "slow", patience_ms=60_000)
     a.release()
     assert client.get(keys.lock).startswith(b"h")  # handed over, waiting for a claimer
-    time.sleep(0.9)  # the grant ages in the wake list (its window is 1 s)
+    time.sleep(1.0)  # the grant ages in the wake list (its window is 2 s)
     lease = Lock(url, name, ttl=TTL).acquire(wait=LIVENESS)  # default window: 50 ms
     remaining = lease.remaining()
     key_left = client.pttl(keys.lock) / 1000.0
