@@ -316,3 +316,40 @@ def test_a_waiter_refused_by_a_grant_awaiting_its_claim_comes_back_after_the_win
     finally:
         proxy.stop()
     assert elapsed < 1.0, f"waited {elapsed:.2f} s for a lock that was free after 50 ms"
+
+
+def test_at_least_counts_from_the_claim_not_from_the_start_of_the_wait(
+    fencelock_server: Server,
+) -> None:
+    """``hold(at_least=s)`` keeps the lock ``s`` after the acquisition, so a short job does not
+    run again within ``s``: a waiter that blocked for a second before it claimed a hand-over
+    must still hold the lock ``s`` after it got it (its ``acquired_at`` is not the start of
+    its wait)."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    name = "at-least"
+    holder = Lock(url, name, ttl=TTL).acquire()
+    got: dict[str, Any] = {}
+
+    def job() -> None:
+        with Lock(url, name, ttl=TTL).hold(wait=LIVENESS, at_least=1.0) as lease:
+            got["at"] = time.monotonic()
+            got["token"] = lease.token
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    end = time.monotonic() + LIVENESS
+    while int(client.info("clients")["blocked_clients"]) < 1:
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    time.sleep(1.2)  # the job waits behind the holder for longer than its at_least
+    holder.release()
+    thread.join(LIVENESS)
+    assert got["token"].startswith("h")  # it claimed the hand-over
+    time.sleep(max(0.0, got["at"] + 0.3 - time.monotonic()))
+    assert Lock(url, name, ttl=TTL).try_acquire() is None, "released before at_least"
+    time.sleep(max(0.0, got["at"] + 1.3 - time.monotonic()))
+    nxt = Lock(url, name, ttl=TTL).try_acquire()
+    assert nxt is not None
+    nxt.release()
+

@@ -107,6 +107,7 @@ def test_a_claim_blocks_by_moving_the_element_to_the_claimed_list() -> None:
     got = stop.value.value
     assert got.handed == Handed("htok", 42, 10000, 50) and got.woken
     assert got.deadline == pytest.approx(claimed_deadline(plan, got.handed, 100.0))
+    assert got.claimed_at == 100.01  # acquired when heard, not when the wait began
 
 
 def test_a_plain_wake_up_or_nothing_is_no_grant() -> None:

@@ -86,6 +86,7 @@ class Claim:
     paused_at: float
     woken: bool
     stale: Handed | None = None  # claimed, but no longer valid: to be released
+    claimed_at: float = 0.0  # monotonic s when the grant was heard (its ``acquired_at``)
 
 
 def claim(
@@ -110,6 +111,7 @@ def claim(
         return Claim(None, 0.0, paused_at, woken=element is not None)
     deadline = claimed_deadline(plan, handed, paused_at)
     now: float = yield NOW
+    claimed_at = now
     if deadline > now and deadline - now < REFRESH_BELOW * full_validity_s(plan):
         # the grant came late in a long wait (or the lease is short against the claim
         # window): a fresh lease costs one extend round, as a woken waiter's acquire would
@@ -129,7 +131,7 @@ def claim(
     if deadline <= now:
         yield from give_back(handed)
         return Claim(None, 0.0, paused_at, woken=True, stale=handed)
-    return Claim(handed, deadline, paused_at, woken=True)
+    return Claim(handed, deadline, paused_at, woken=True, claimed_at=claimed_at)
 
 
 #: A claimed lease with less than this share of a fresh lease's validity left is extended.
