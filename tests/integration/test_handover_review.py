@@ -353,3 +353,37 @@ def test_at_least_counts_from_the_claim_not_from_the_start_of_the_wait(
     assert nxt is not None
     nxt.release()
 
+
+def test_a_multilock_that_gives_up_releases_a_claimed_key_as_its_holder(
+    fencelock_server: Server,
+) -> None:
+    """A multilock claimed key ``a`` from a hand-over, then was cancelled while it waited for
+    ``b``: it releases ``a`` still registered as a waiter there unless it says who it is, so
+    the release takes it for a live waiter, wakes nobody and makes newcomers step aside (the
+    hand-off marker) from a key that is free."""
+    url = fencelock_server.url
+    client = fencelock_server.client()
+    holder_a = Lock(url, "ma", ttl=TTL).acquire()
+    holder_b = Lock(url, "mb", ttl=TTL).acquire()
+    keys = lock_keys("ma")
+
+    async def scenario() -> None:
+        multi = asyncio.ensure_future(fasync.MultiLock(url, ["ma", "mb"], ttl=TTL).acquire(wait=5))
+        end = time.monotonic() + LIVENESS
+        while int(client.info("clients")["blocked_clients"]) < 1:
+            assert time.monotonic() < end
+            await asyncio.sleep(0.005)
+        holder_a.release()  # handed over to the multilock, which then waits for "mb"
+        while not client.get(keys.lock) or int(client.info("clients")["blocked_clients"]) < 1:
+            assert time.monotonic() < end
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        multi.cancel()
+        await asyncio.wait({multi}, timeout=LIVENESS)
+        assert multi.cancelled()
+
+    asyncio.run(scenario())
+    assert not client.exists(keys.lock)
+    assert not client.exists(keys.handoff), "newcomers are told to step aside from a free key"
+    assert not client.zcard(keys.waiters), "the multilock is still registered as a waiter"
+    holder_b.release()
