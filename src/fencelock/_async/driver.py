@@ -688,10 +688,17 @@ class AsyncDriver:
         try:
             if effect.claim is not None and conn.client_id is None:
                 conn.client_id = client_id((await conn.request(CLIENT_ID, 1))[0])
-        except BaseException:
+        except BaseException as exc:
             timer.cancel()
             conn.close()
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # the server went away since its round (nothing was asked of it yet): as below
+            _failed(server, exc, self.timeout_s)
+            rest = delay - (time.monotonic() - started)
+            if rest > 0:
+                await asyncio.sleep(rest)
+            return nothing
         request = asyncio.ensure_future(conn.request(payload, 1))
         try:
             replies = await asyncio.shield(request)
@@ -701,8 +708,18 @@ class AsyncDriver:
                 conn.close()
                 raise
             # the server may have moved an element for us: end the wait from another
-            # connection (CLIENT UNBLOCK) and hear the answer, so a claim is never lost
-            element = await _unblocked(node, loop, conn, request, self.timeout_s)
+            # connection (CLIENT UNBLOCK) and hear the answer, so a claim is never lost --
+            # in a task of its own, heard out even if the caller is cancelled again meanwhile
+            # (bounded: two server timeouts); the first cancellation is raised all the same
+            hearing = keep(
+                asyncio.ensure_future(_unblocked(node, loop, conn, request, self.timeout_s))
+            )
+            while not hearing.done():
+                try:
+                    await asyncio.shield(hearing)
+                except asyncio.CancelledError:
+                    continue
+            element = None if hearing.cancelled() else hearing.result()
             if element is not None:
                 raise fx.ClaimInterrupted(element, exc) from exc
             raise

@@ -47,7 +47,8 @@ PATIENCE_CAP_MS = 2_000_000_000
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A won attempt: valid until ``deadline`` (monotonic s), counted from ``start``."""
+    """A won attempt: valid until ``deadline`` (monotonic s), counted from ``start`` (for a
+    claimed hand-over: from before the wait; ``start`` is then when the grant was heard)."""
 
     token: str
     fence: int
@@ -285,7 +286,11 @@ def acquire(
         claimed = yield from claim(plan, delay, held, _giver(plan, waiter, new_token))
         if claimed.handed is not None:
             handed = claimed.handed
-            return Grant(handed.token, handed.fence, claimed.paused_at, claimed.deadline, 0, waiter)
+            # acquired when heard (``hold(at_least=)``, ``max_hold`` count from it); valid
+            # until the deadline counted from before the wait
+            return Grant(
+                handed.token, handed.fence, claimed.claimed_at, claimed.deadline, 0, waiter
+            )
         woken = claimed.woken
 
 

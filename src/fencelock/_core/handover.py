@@ -6,17 +6,19 @@ Rules:
 - the releaser picks the next holder's token (``h`` + a fresh random token, so that the
   acquire script can tell a handed-over grant from an ordinary one) and the script bumps the
   fence exactly as an acquire does; the grant waits in the wake list as one element
-  ``token fence lease_ms`` for ``plan.handoff_ms`` (the claim window);
+  ``token fence lease_ms window_ms`` for the releaser's ``plan.handoff_ms`` (the claim
+  window, ``window_ms``);
 - the first waiter blocked on the wake list claims it by moving the element to the claimed
   list (``BLMOVE``): the server serves blocked clients in the order they blocked, so waiters
   are granted in arrival order; a waiter that died or gave up never blocks again, so it is
   skipped; a grant nobody claimed within the window is void (the acquire script takes its
   place), so a dead waiter costs the others at most the window;
 - the claimer counts its lease from before it blocked, less the claim window (the element
-  may have waited that long before it blocked): ``paused_at + lease - window - drift``; a
+  may have waited that long before it blocked): ``paused_at + lease - window - drift``, with
+  the window the element names (the releaser's: a claimer's own may be shorter); a
   lease shorter than its own ttl is used as it was given; when that leaves less than
   :data:`REFRESH_BELOW` of a fresh lease (the grant came late in a long wait), one extend
-  round restarts it;
+  round restarts it (refused: the grant is no longer ours, and no grant is returned);
 - a claim interrupted after the server moved the element (KeyboardInterrupt, cancellation) is
   given back at once: released, and handed over to the next waiter.
 """
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .effects import NOW, ClaimInterrupted, Flow, Pause
-from .extend import extend
+from .extend import ExtendOutcome, extend
 from .plan import LockPlan
 
 #: The first character of a token a release chose for the next holder (never in a hex token).
@@ -36,11 +38,12 @@ HANDED_PREFIX = "h"
 
 @dataclass(frozen=True, slots=True)
 class Handed:
-    """A grant a release handed over: its token, fence and lease (ms)."""
+    """A grant a release handed over: its token, fence, lease and claim window (ms)."""
 
     token: str
     fence: int
     lease_ms: int
+    window_ms: int
 
 
 def offered_token(plan: LockPlan, new_token: Callable[[], str] | None) -> str:
@@ -55,21 +58,22 @@ def parse_handed(element: object) -> Handed | None:
     if not isinstance(element, bytes) or not element.startswith(b"h"):
         return None
     parts = element.split(b" ")
-    if len(parts) != 3:
+    if len(parts) != 4:
         return None
     try:
-        fence, lease_ms = int(parts[1]), int(parts[2])
+        fence, lease_ms, window_ms = int(parts[1]), int(parts[2]), int(parts[3])
     except ValueError:
         return None
-    if fence <= 0 or lease_ms <= 0:
+    if fence <= 0 or lease_ms <= 0 or window_ms <= 0:
         return None
-    return Handed(parts[0].decode("ascii", "replace"), fence, lease_ms)
+    return Handed(parts[0].decode("ascii", "replace"), fence, lease_ms, window_ms)
 
 
 def claimed_deadline(plan: LockPlan, handed: Handed, paused_at: float) -> float:
     """Monotonic s until which a claimed grant is valid (see the module's rules)."""
     lease_ms = min(plan.ttl_ms, handed.lease_ms)
-    return paused_at + (lease_ms - plan.handoff_ms - plan.drift_ms(lease_ms)) / 1000.0
+    window_ms = max(plan.handoff_ms, handed.window_ms)  # the element lived the releaser's
+    return paused_at + (lease_ms - window_ms - plan.drift_ms(lease_ms)) / 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,7 @@ class Claim:
     paused_at: float
     woken: bool
     stale: Handed | None = None  # claimed, but no longer valid: to be released
+    claimed_at: float = 0.0  # monotonic s when the grant was heard (its ``acquired_at``)
 
 
 def claim(
@@ -106,6 +111,7 @@ def claim(
         return Claim(None, 0.0, paused_at, woken=element is not None)
     deadline = claimed_deadline(plan, handed, paused_at)
     now: float = yield NOW
+    claimed_at = now
     if deadline > now and deadline - now < REFRESH_BELOW * full_validity_s(plan):
         # the grant came late in a long wait (or the lease is short against the claim
         # window): a fresh lease costs one extend round, as a woken waiter's acquire would
@@ -116,12 +122,16 @@ def claim(
         except BaseException:
             yield from give_back(handed)
             raise
+        if refreshed.outcome is ExtendOutcome.REFUSED:
+            # "not ours": the handed token no longer holds the lock (released, taken over):
+            # there is nothing to use, nor to give back
+            return Claim(None, 0.0, paused_at, woken=True)
         deadline = refreshed.deadline
         now = yield NOW
     if deadline <= now:
         yield from give_back(handed)
         return Claim(None, 0.0, paused_at, woken=True, stale=handed)
-    return Claim(handed, deadline, paused_at, woken=True)
+    return Claim(handed, deadline, paused_at, woken=True, claimed_at=claimed_at)
 
 
 #: A claimed lease with less than this share of a fresh lease's validity left is extended.

@@ -60,7 +60,11 @@ def acquire_all(
         raise
     except BaseException:
         for plan, grant in reversed(list(zip(plans, grants, strict=False))):
-            yield from release(plan, grant.token, expired=False)
+            # as its holder: a claimed hand-over's waiter id leaves with it, and the key
+            # goes to the next waiter as a lease's release would hand it
+            yield from release(
+                plan, grant.token, expired=False, waiter=grant.waiter, new_token=new_token
+            )
         raise
     return tuple(grants)
 

@@ -7,7 +7,8 @@
 -- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F
---         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way);
+--         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way;
+--                      or a handed-over grant waits to be claimed: pttl_ms = its window left);
 --                      a caller that will wait is registered as a waiter until
 --                      min(pttl + 1 s, its remaining wait + 100 ms) from now
 -- A grant that release.lua handed to the waiters (its token starts with 'h') and that no
@@ -38,6 +39,7 @@ if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
   return refuse(redis.call('PTTL', KEYS[5]))
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[7])  -- the lock was free: a claim left there (its holder gone) is over
   return grant()
 end
 local function claimed(token)
@@ -47,10 +49,14 @@ local function claimed(token)
   return false
 end
 local holder = redis.call('GET', KEYS[1])
-if holder and string.byte(holder, 1) == 104 and redis.call('EXISTS', KEYS[6]) == 0
-    and not claimed(holder) then
-  redis.call('DEL', KEYS[7])
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return grant()
+if holder and string.byte(holder, 1) == 104 and not claimed(holder) then
+  if redis.call('EXISTS', KEYS[6]) == 0 then
+    redis.call('DEL', KEYS[7])
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return grant()
+  end
+  -- still waiting to be claimed: the caller blocks for what is left of the window (claiming
+  -- it, or back in time to take the place of a void grant), not for the whole lease
+  return refuse(redis.call('PTTL', KEYS[6]))
 end
 return refuse(redis.call('PTTL', KEYS[1]))

@@ -8,15 +8,28 @@
 -- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
 -- With a waiter still registered: given a next token, the lock is granted at once under it
 -- (PX ARGV[5], fence = max(F + 1, server TIME in us), stored in F) and the wake list holds
--- one element 'token fence lease_ms' for ARGV[2] ms: the first waiter blocked on it claims
--- the grant by moving it to KEYS[7] (BLMOVE); an unclaimed one is void once it expired (see
--- acquire.lua). Without a next token, one waiter is woken to try again, and newcomers step
--- aside for ARGV[2] ms.
+-- one element 'token fence lease_ms window_ms' for window_ms = ARGV[2] ms: the first waiter
+-- blocked on it claims the grant by moving it to KEYS[7] (BLMOVE); an unclaimed one is void
+-- once it expired (see acquire.lua; a release of the grant's token removes its element).
+-- Without a next token, one waiter is woken to try again, and newcomers step aside for
+-- ARGV[2] ms.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])
-if string.byte(ARGV[1], 1) == 104 then redis.call('DEL', KEYS[7]) end
+if string.byte(ARGV[1], 1) == 104 then
+  -- a handed-over grant: its claim goes with it; released before anyone claimed it (an admin
+  -- release within the window), its element must not be claimed later, when the lock key
+  -- may be someone else's
+  redis.call('DEL', KEYS[7])
+  local mine = ARGV[1] .. ' '
+  for _, element in ipairs(redis.call('LRANGE', KEYS[4], 0, 7)) do
+    if string.sub(element, 1, #mine) == mine then
+      redis.call('DEL', KEYS[4])
+      break
+    end
+  end
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
   local now = redis.call('TIME')
@@ -31,7 +44,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
         math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, now_us))
       redis.call('SET', KEYS[6], fence)
       redis.call('DEL', KEYS[7])
-      redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5])
+      redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5] .. ' ' .. ARGV[2])
       redis.call('PEXPIRE', KEYS[4], ARGV[2])
     else
       redis.call('RPUSH', KEYS[4], '1')
