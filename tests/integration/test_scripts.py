@@ -53,8 +53,8 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
-    "acquire": "fcd489b0a32e69d08fbd448208a0a31fc1a15150",
-    "release": "3afe686bafa0458d0957c95efcc645ae74d76e1f",
+    "acquire": "af712ef6b8ca3768fb399c774c7ee8afb5600fcd",
+    "release": "584d15406cd000ba9f6ae5648185008a68c53b23",
     "extend": "4e3c65ca9dbb8c878577ed2d7e8295abbfc6affb",
     "fence_commit": "d737600cb3d048e087aa81d2a17de7b90c25adbf",
     "elect_announce": "67c5da1be7769ff0c1c763a1bf9f4502ba0b9858",
