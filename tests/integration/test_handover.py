@@ -100,9 +100,13 @@ def test_waiters_are_granted_in_the_order_they_blocked(fencelock_server: Server)
     assert order == [0, 1, 2, 3, 4]
 
 
-def _register_waiter(client: redis.Redis, name: str, waiter: str) -> None:
-    """A waiter that asks once (and is refused, so registered), then never blocks: it died."""
+def _register_waiter(
+    client: redis.Redis, name: str, waiter: str, patience_ms: int = 60_000
+) -> None:
+    """A waiter that asks once (refused, so registered until ``patience_ms`` + 100 ms from
+    now), then never blocks: it died or gave up."""
     keys = lock_keys(name)
+    client.script_load(ACQUIRE.source)
     reply = client.evalsha(
         ACQUIRE.sha,
         ACQUIRE.numkeys,
@@ -118,7 +122,7 @@ def _register_waiter(client: redis.Redis, name: str, waiter: str) -> None:
         "",
         "0",
         waiter,
-        60_000,
+        patience_ms,
     )
     assert reply[0] == 0  # refused: registered as a waiter
 

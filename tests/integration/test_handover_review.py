@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from test_handover import _register_waiter
 
 import fencelock.asyncio as fasync
 from fencelock import Lock, NotAcquired, admin
@@ -18,37 +19,11 @@ from fencelock._core.effects import Pause
 from fencelock._core.keys import lock_keys
 from fencelock._engine.address import from_url
 from fencelock._engine.registry import server_for_address
-from fencelock._scripts import ACQUIRE
 from fencelock.chaos.proxy import Proxy
 from fencelock.servers import Server
 
 TTL = 10.0
 LIVENESS = 3.0
-
-
-def _register_waiter(client: redis.Redis, name: str, waiter: str, patience_ms: int) -> None:
-    """A waiter that asks once (refused, so registered until ``patience_ms`` + 100 ms from
-    now), then gives up without ever blocking."""
-    keys = lock_keys(name)
-    client.script_load(ACQUIRE.source)
-    reply = client.evalsha(
-        ACQUIRE.sha,
-        ACQUIRE.numkeys,
-        keys.lock,
-        keys.fence,
-        keys.holder,
-        keys.waiters,
-        keys.handoff,
-        keys.wake,
-        keys.claimed,
-        "f" * 40,
-        int(TTL * 1000),
-        "",
-        "0",
-        waiter,
-        patience_ms,
-    )
-    assert reply[0] == 0
 
 
 @pytest.mark.parametrize("how", ["force_release", "release"])
