@@ -22,10 +22,17 @@ TOPOLOGIES = [1, 3]
 ALL_TOPOLOGIES = [1, 3, 5]
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _closed_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nobody listens on (bound together, so the kernel cannot
+    hand out the same one twice, then closed)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _clients(group: ServerGroup) -> list[Any]:
@@ -319,7 +326,7 @@ def test_nothing_left_after_release_but_the_fence(
 def test_closed_port_is_unavailable_within_the_wait(
     make_lock: LockFactory, key: str, n: int
 ) -> None:
-    urls = [f"redis://127.0.0.1:{_closed_port()}/0" for _ in range(n)]
+    urls = [f"redis://127.0.0.1:{port}/0" for port in _closed_ports(n)]
     lock = make_lock(urls, key, ttl=10)
     for wait in (0, 1.0):
         start = time.monotonic()
