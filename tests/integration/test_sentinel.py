@@ -36,10 +36,16 @@ def _holds(node: Server, key: str) -> bool:
         conn.close()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _closed_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nobody listens on (bound together, then closed)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def test_a_lock_via_a_sentinel_url_lands_on_the_primary(watched: ReplicaSet, key: str) -> None:
@@ -66,7 +72,8 @@ def test_a_master_for_client_is_the_same_single_server_as_the_url(
 
 
 def test_an_unreachable_sentinel_set_is_unavailable_within_bounds(key: str) -> None:
-    url = f"redis+sentinel://127.0.0.1:{_closed_port()},127.0.0.1:{_closed_port()}/nobody"
+    first, second = _closed_ports(2)
+    url = f"redis+sentinel://127.0.0.1:{first},127.0.0.1:{second}/nobody"
     started = time.monotonic()
     with pytest.raises(fencelock.Unavailable, match="no sentinel named the master"):
         fencelock.Lock(url, key, ttl=5).acquire(wait=0.5)

@@ -20,10 +20,16 @@ import fencelock
 from fencelock import ConfigError, FencelockError
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _closed_port(unlike: int = 0) -> int:
+    """A loopback port nobody listens on, other than ``unlike`` (the kernel may hand out a
+    port it gave before once that one is closed)."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port != unlike:
+            return port
+    raise RuntimeError("no second free port")
 
 
 PORT = _closed_port()
@@ -109,7 +115,7 @@ def test_malformed_url(make: Callable[..., Any], url: str) -> None:
 
 
 def test_same_url_twice(make: Callable[..., Any]) -> None:
-    _raises_config(lambda: make([URL, URL, f"redis://127.0.0.1:{_closed_port()}/0"], "k"))
+    _raises_config(lambda: make([URL, URL, f"redis://127.0.0.1:{_closed_port(PORT)}/0"], "k"))
 
 
 @pytest.mark.parametrize("timeout", [30.0, 31, 0, -1, math.nan])
@@ -189,7 +195,7 @@ def test_async_acquire_bad_wait_is_config_error_before_io() -> None:
 def test_constructing_sends_nothing(make: Callable[..., Any]) -> None:
     """A valid Lock on a closed port is built instantly: no I/O at construction."""
     start = time.monotonic()
-    lock = make([URL, f"redis://127.0.0.1:{_closed_port()}/0", "valkey://127.0.0.1:1/3"], "k")
+    lock = make([URL, f"redis://127.0.0.1:{_closed_port(PORT)}/0", "valkey://127.0.0.1:1/3"], "k")
     assert time.monotonic() - start < 1.0
     assert len(lock.servers) == 3
 
