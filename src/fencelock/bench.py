@@ -637,7 +637,7 @@ def _bench_faults(prefix: str, plan: Plan) -> dict[str, Any]:
     """acquire+release p50 over 5 embedded servers, healthy and with a sick minority: one
     SIGSTOPped (hung) after the Lock connected to it, two black holes (connects never complete),
     two refused ports. Always on servers the bench starts itself (it pauses them)."""
-    from .servers import BlackHole, ServerError, ServerGroup, refused_url
+    from .servers import BlackHole, ServerError, ServerGroup, refused_urls
 
     try:
         group = ServerGroup(FAULT_SERVERS).start()
@@ -677,7 +677,7 @@ def _bench_faults(prefix: str, plan: Plan) -> dict[str, Any]:
             samples=samples["black_holed_2"],
         )
         figures["refused_2"] = _fault_p50(
-            urls[:3] + [refused_url() for _ in range(2)],
+            urls[:3] + refused_urls(2),
             f"{prefix}faults:refused",
             plan,
             samples=samples["refused_2"],

@@ -63,7 +63,9 @@ __all__ = [
     "engine_of",
     "find_server_binary",
     "free_port",
+    "free_ports",
     "refused_url",
+    "refused_urls",
 ]
 
 ENV_SERVER_BIN = "FENCELOCK_SERVER_BIN"
@@ -182,10 +184,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     Another process may take it before it is used; :meth:`Server.start` retries with a new port in
     that case when the port was not given explicitly.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Return ``count`` distinct TCP ports that were free on ``host`` a moment ago.
+
+    All are bound at once and then closed, so the OS cannot hand out one of them twice (calling
+    :func:`free_port` ``count`` times can return the same port again once it was closed).
+    """
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def _no_retry() -> Retry:
@@ -814,7 +829,14 @@ def refused_url(host: str = "127.0.0.1") -> str:
     The port was bound and closed a moment ago (as :func:`free_port`); another process could take
     it in between, which on a test machine practically never happens.
     """
-    return f"redis://{host}:{free_port(host)}/0"
+    return refused_urls(1, host)[0]
+
+
+def refused_urls(count: int, host: str = "127.0.0.1") -> list[str]:
+    """``count`` distinct :func:`refused_url` addresses (their ports from :func:`free_ports`), for
+    a server list with several refusing members: a port given twice would be a configuration
+    error, not two refusing servers."""
+    return [f"redis://{host}:{port}/0" for port in free_ports(count, host)]
 
 
 def delayed_proxy(server: Server, delay: float) -> Proxy:

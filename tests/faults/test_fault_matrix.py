@@ -53,7 +53,7 @@ from integration.api import (  # the shared facade of tests/integration/api.py
 import fencelock
 from fencelock import Unavailable
 from fencelock._core.keys import lock_keys
-from fencelock.servers import BlackHole, Server, ServerGroup, delayed_proxy, refused_url
+from fencelock.servers import BlackHole, Server, ServerGroup, delayed_proxy, refused_urls
 
 T = 0.25  # server_timeout of every Lock here (seconds)
 TTL = 5.0
@@ -211,7 +211,7 @@ def _make_sick(
             holes.append(hole)
         return Setup(healthy_urls + [h.url for h in holes], healthy)
     if fault == "refusing":
-        return Setup(healthy_urls + [refused_url() for _ in rest], healthy)
+        return Setup(healthy_urls + refused_urls(len(rest)), healthy)
     if fault == "slow":
         proxies = []
         for server in rest:

@@ -6,7 +6,6 @@ facade, see ``api.py``) and over 1, 3 and 5 servers where it means something."""
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 import time
 from typing import Any
@@ -16,23 +15,10 @@ from api import LockFactory, front, lock_value, make_lock, our_keys  # noqa: F40
 
 from fencelock import LockLost, NotAcquired, Unavailable
 from fencelock._core.keys import lock_keys
-from fencelock.servers import ServerGroup
+from fencelock.servers import ServerGroup, refused_urls
 
 TOPOLOGIES = [1, 3]
 ALL_TOPOLOGIES = [1, 3, 5]
-
-
-def _closed_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports nobody listens on (bound together, so the kernel cannot
-    hand out the same one twice, then closed)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _clients(group: ServerGroup) -> list[Any]:
@@ -326,7 +312,7 @@ def test_nothing_left_after_release_but_the_fence(
 def test_closed_port_is_unavailable_within_the_wait(
     make_lock: LockFactory, key: str, n: int
 ) -> None:
-    urls = [f"redis://127.0.0.1:{port}/0" for port in _closed_ports(n)]
+    urls = refused_urls(n)
     lock = make_lock(urls, key, ttl=10)
     for wait in (0, 1.0):
         start = time.monotonic()

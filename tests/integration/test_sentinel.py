@@ -5,7 +5,6 @@ found (asked of the sentinels again) and new acquires work against it."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Iterator
 
@@ -13,7 +12,7 @@ import pytest
 import redis.sentinel
 
 import fencelock
-from fencelock.servers import ReplicaSet, Server
+from fencelock.servers import ReplicaSet, Server, free_ports
 
 aio = pytest.importorskip("fencelock.asyncio")
 
@@ -34,18 +33,6 @@ def _holds(node: Server, key: str) -> bool:
         return bool(conn.exists(f"fencelock:{{{key}}}"))
     finally:
         conn.close()
-
-
-def _closed_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports nobody listens on (bound together, then closed)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def test_a_lock_via_a_sentinel_url_lands_on_the_primary(watched: ReplicaSet, key: str) -> None:
@@ -72,7 +59,7 @@ def test_a_master_for_client_is_the_same_single_server_as_the_url(
 
 
 def test_an_unreachable_sentinel_set_is_unavailable_within_bounds(key: str) -> None:
-    first, second = _closed_ports(2)
+    first, second = free_ports(2)
     url = f"redis+sentinel://127.0.0.1:{first},127.0.0.1:{second}/nobody"
     started = time.monotonic()
     with pytest.raises(fencelock.Unavailable, match="no sentinel named the master"):

@@ -26,7 +26,9 @@ from fencelock.servers import (
     engine_of,
     find_server_binary,
     free_port,
+    free_ports,
     refused_url,
+    refused_urls,
 )
 
 
@@ -312,6 +314,17 @@ def test_a_refused_url_refuses_connects_at_once() -> None:
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", _port_of(url)), timeout=1.0).close()
     assert time.monotonic() - started < 0.2
+
+
+def test_refused_urls_are_distinct_and_all_refuse() -> None:
+    """Several refusing members of one server list: a port given twice would be a
+    configuration error ("listed twice"), not two refusing servers."""
+    assert len(set(free_ports(64))) == 64
+    urls = refused_urls(5)
+    assert len(set(urls)) == 5
+    for url in urls:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", _port_of(url)), timeout=1.0).close()
 
 
 def test_a_delayed_proxy_slows_every_round_trip_by_the_delay(fencelock_server: Server) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -18,22 +17,11 @@ import pytest
 
 import fencelock
 from fencelock import ConfigError, FencelockError
+from fencelock.servers import free_ports
 
-
-def _closed_port(unlike: int = 0) -> int:
-    """A loopback port nobody listens on, other than ``unlike`` (the kernel may hand out a
-    port it gave before once that one is closed)."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port != unlike:
-            return port
-    raise RuntimeError("no second free port")
-
-
-PORT = _closed_port()
+PORT, OTHER_PORT = free_ports(2)  # nothing listens on either
 URL = f"redis://127.0.0.1:{PORT}/0"
+OTHER_URL = f"redis://127.0.0.1:{OTHER_PORT}/0"
 SECRET_URL = f"redis://:s3cr3t-pw@127.0.0.1:{PORT}/0"
 
 
@@ -115,7 +103,7 @@ def test_malformed_url(make: Callable[..., Any], url: str) -> None:
 
 
 def test_same_url_twice(make: Callable[..., Any]) -> None:
-    _raises_config(lambda: make([URL, URL, f"redis://127.0.0.1:{_closed_port(PORT)}/0"], "k"))
+    _raises_config(lambda: make([URL, URL, OTHER_URL], "k"))
 
 
 @pytest.mark.parametrize("timeout", [30.0, 31, 0, -1, math.nan])
@@ -195,7 +183,7 @@ def test_async_acquire_bad_wait_is_config_error_before_io() -> None:
 def test_constructing_sends_nothing(make: Callable[..., Any]) -> None:
     """A valid Lock on a closed port is built instantly: no I/O at construction."""
     start = time.monotonic()
-    lock = make([URL, f"redis://127.0.0.1:{_closed_port(PORT)}/0", "valkey://127.0.0.1:1/3"], "k")
+    lock = make([URL, OTHER_URL, "valkey://127.0.0.1:1/3"], "k")
     assert time.monotonic() - start < 1.0
     assert len(lock.servers) == 3
 
