@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,13 @@ def _docs_server() -> Iterator[Server]:
 
 
 @pytest.fixture(autouse=True)
-def _docs_namespace(request: pytest.FixtureRequest, doctest_namespace: dict[str, Any]) -> None:
+def _docs_namespace(
+    request: pytest.FixtureRequest,
+    doctest_namespace: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     if type(request.node).__name__ == "DoctestItem":
-        doctest_namespace["SERVER_URL"] = request.getfixturevalue("_docs_server").url
+        url = request.getfixturevalue("_docs_server").url
+        doctest_namespace["SERVER_URL"] = url
+        # the README's snippets define SERVER_URL themselves, from the variable the CLI reads
+        monkeypatch.setenv("FENCELOCK_SERVERS", url)

@@ -1,6 +1,6 @@
 """Double grants across a Sentinel failover, with and without ``replicas=1``.
 
-One trial: a primary with two replicas and three sentinels (``fencelock.servers.ReplicaSet``);
+One trial: a primary with two replicas and three sentinels (``fencelock.testing.ReplicaSet``);
 client A acquires a lock through the ``redis+sentinel://`` URL; the primary is SIGKILLed right
 after the grant; the sentinels promote a replica; client B then tries the same lock through the
 same URL. A *double grant* is B granted while A's lease is still valid. Each double grant is
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import fencelock
 from fencelock.fence import RedisFence
-from fencelock.servers import ReplicaSet, Server, ServerError
+from fencelock.testing import ReplicaSet, Server, ServerError
 
 #: A's and B's lease (s): long enough that A is still valid when B is asked.
 TTL_S = 30.0

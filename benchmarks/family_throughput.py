@@ -9,7 +9,7 @@ Run: ``FENCELOCK_SERVER_BIN=... PYTHONPATH=src python benchmarks/family_throughp
 import time
 
 import fencelock
-from fencelock.servers import ServerGroup
+from fencelock.testing import ServerGroup
 
 CYCLES = 1500
 

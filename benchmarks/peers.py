@@ -33,8 +33,8 @@ import redis.asyncio as aredis
 
 from fencelock import Lock
 from fencelock.asyncio import Lock as AsyncLock
-from fencelock.bench import BASELINE_RELEASE, _handoff_figures, _pct, _timed
-from fencelock.servers import ServerGroup
+from fencelock.cli.bench import BASELINE_RELEASE, _handoff_figures, _pct, _timed
+from fencelock.testing import ServerGroup
 
 TTL_S = 10
 WORKERS = 8
@@ -296,7 +296,10 @@ async def rng_async(url: str, key: str) -> AsyncCycle:
 def _aio_manager(urls: list[str]) -> Any:
     from aioredlock import Aioredlock  # type: ignore[import-untyped]
 
-    conns = [{"host": urlsplit(u).hostname, "port": urlsplit(u).port} for u in urls]
+    conns = [
+        {"host": p.hostname, "port": p.port, "password": p.password}
+        for p in (urlsplit(u) for u in urls)
+    ]
     return Aioredlock(conns, retry_count=1)
 
 

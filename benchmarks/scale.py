@@ -19,7 +19,7 @@ import tracemalloc
 from typing import Any
 
 from fencelock import Lease, Lock
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 
 def _evalsha_calls(client: Any) -> int:

@@ -2,7 +2,7 @@
 constraint on (batch_id, recipient) sends none.
 
 Run it with ``python examples/batch_email.py``: it starts its own Redis/Valkey server (through
-``fencelock.servers``) and a SQLite file in a temporary directory, runs the job twice (without,
+``fencelock.testing``) and a SQLite file in a temporary directory, runs the job twice (without,
 then with the constraint) and prints what each recipient received. Exit code 0 when the run
 without the constraint showed duplicates and the run with it showed none.
 
@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from fencelock import Lock, LockLost
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 PAUSE_DEADLINE_S = 30.0  # generous bound on every wait between the two workers
 

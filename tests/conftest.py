@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fencelock.servers import ServerGroup
+from fencelock.testing import ServerGroup
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,6 +24,53 @@ def pytest_configure(config: pytest.Config) -> None:
     target = hard if hard == resource.RLIM_INFINITY else max(soft, min(hard, 65536))
     if target != soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+# The quick subset (`pytest -m "not slow"`, README): whole modules that start topologies
+# (clusters, replica sets, sentinels), run fault scenarios or real workloads for seconds,
+# drive the commands end to end, or run other libraries' suites (compat). Everything else --
+# the library's behaviour on real servers, one machine, no faults -- runs in the quick subset.
+_SLOW_DIRS = ("tests/faults/", "tests/sim/")
+_SLOW_PREFIXES = ("test_cluster", "test_cli", "test_compat", "test_sentinel", "test_tls_cluster")
+_SLOW_MODULES = frozenset(
+    {
+        "test_bench.py",
+        "test_celery.py",
+        "test_cli_elect.py",
+        "test_cli_signals.py",
+        "test_cluster.py",
+        "test_cluster_kit.py",
+        "test_demo.py",
+        "test_failover.py",
+        "test_html_pages.py",
+        "test_keys_cluster.py",
+        "test_replicas.py",
+        "test_sentinel.py",
+        "test_top.py",
+        "test_watchdog.py",
+        "test_engine_regressions.py",
+        "test_at_risk.py",
+        "test_acl.py",
+        "test_handover_review.py",
+        "test_election.py",
+        "test_doctor.py",
+        "test_reentrant_at_least.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the slow tiers ``slow`` so that ``-m "not slow"`` is the quick subset."""
+    slow = pytest.mark.slow
+    for item in items:
+        path = item.path.as_posix()
+        name = item.path.name
+        if (
+            any(d in path for d in _SLOW_DIRS)
+            or name in _SLOW_MODULES
+            or name.startswith(_SLOW_PREFIXES)
+        ):
+            item.add_marker(slow)
 
 
 class Topologies:

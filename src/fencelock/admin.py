@@ -3,41 +3,50 @@
 These are what ``fencelock status`` and ``fencelock release`` do, as functions. Each server is
 asked with a plain redis-py client of its own: short timeouts (:data:`DEFAULT_TIMEOUT`), no
 client-side retries, closed before the function returns. Servers are URLs (``redis://``,
-``rediss://``, ``valkey://``, ``unix://``), one or a sequence; server names in the results are
-password-free (``host:port/db``, or ``unix:/path``), as in the lock's own messages.
+``rediss://``, ``valkey://``, ``unix://``, and as for a Lock ``redis+cluster://host:port``, any
+node, and ``redis+sentinel://host:port[,host:port]/service``), one or a sequence; server names
+in the results are password-free (``host:port/db``, or ``unix:/path``; for a cluster the node
+that owns the lock's slot, for Sentinel ``sentinel:service@hosts/db``), as in the lock's own
+messages.
 
 - :func:`status` reads (never changes) the lock's keys on every server; for a semaphore it
   also lists the permits (slot, token prefix, validity, holder) and for a read-write lock the
   readers and the writer.
 - :func:`release` compare-and-deletes the lock where it still holds the given token, exactly as
   ``lease.release()`` would (waiters are woken).
-- :func:`force_release` deletes the lock whoever holds it. A holder that is still running is
-  not told: only fencing protects the resource from its later writes.
+- :func:`force_release` deletes the lock whoever holds it, and its hand-off marker (so that
+  nobody steps aside for a woken waiter). A holder that is still running is not told: only
+  fencing protects the resource from its later writes.
 
 Bad input (no servers, a malformed URL, an empty key or token) raises
 :class:`~fencelock.ConfigError` before any I/O; a server that fails is reported in the result,
 never raised.
+
+Why this module is longer than 600 lines: status reads every primitive's key layout (lock,
+fair queue, semaphore, RW lock, election) from each server and merges the views; those readers
+share the merge and are kept together.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
-
-import redis
-from redis.exceptions import NoScriptError
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from ._core.handover import HANDED_PREFIX
-from ._core.keys import LockKeys, lock_keys, rw_keys, slot_keys
+from ._core.holder_json import parse_holder
+from ._core.keys import LockKeys, fair_queue_key, limit_key, lock_keys, rw_keys, slot_keys
 from ._core.plan import release_keys
 from ._core.semaphore import check_limit
-from ._plain_clients import describe, plain_client
+from ._engine.address import check_any_url, url_name
 from ._scripts import RELEASE
 from .errors import ConfigError
-from .options import HANDOFF_WINDOW, WAKE_LIFETIME, check_key, check_url, seconds
+from .options import HANDOFF_WINDOW, WAKE_LIFETIME, check_key, seconds
+
+# redis-py is imported by the functions that talk to a server, so that a command that only
+# checks its URLs here (``fencelock run``) starts without it
+if TYPE_CHECKING:
+    import redis
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -48,10 +57,24 @@ __all__ = [
     "ServerOutcome",
     "ServerStatus",
     "Status",
+    "check_server_url",
     "force_release",
     "release",
     "status",
 ]
+
+
+def check_server_url(url: str) -> str:
+    """``url`` as a server of the admin paths and the commands take it, checked before any I/O:
+    a plain ``redis://`` / ``rediss://`` URL (normalised as :func:`fencelock.options.check_url`
+    does), or a ``redis+cluster://host:port`` / ``redis+sentinel://host:port[,...]/service``
+    URL (returned as given).
+
+    Raises:
+        ConfigError: a malformed URL of any kind.
+    """
+    return check_any_url(url)
+
 
 #: Per-server timeout in seconds of every command here: an operator waits for a dead server
 #: this long, not for redis-py's default retries (FAULTS.md F16).
@@ -62,6 +85,9 @@ FORCE_ATTEMPTS = 3
 # release.lua's ARGV[2]..ARGV[6] (hand-off window, wake-element lifetime in ms, as a Lock's own;
 # no next holder's token: a waiter is woken to try again rather than handed the lock)
 _RELEASE_TAIL = (round(HANDOFF_WINDOW * 1000), round(WAKE_LIFETIME * 1000), "", 0, "-")
+
+#: Characters of an unparsable holder info shown (``raw``), at the most.
+MAX_RAW_SHOWN = 1024
 
 
 #: What :func:`status` can be told (or finds) a key is: ``"auto"`` looks at the keys present.
@@ -86,6 +112,14 @@ class Lessee(_LeaseView, total=False):
     majority: bool  # report only
 
 
+class Waiter(TypedDict):
+    """A fair lock's waiter in line (report ``queue``): its id prefix and on how many servers
+    it is in line."""
+
+    waiter_prefix: str
+    servers: int
+
+
 class _ServerView(TypedDict):
     server: str  # password-free name
     held: bool  # the lock key exists
@@ -101,13 +135,19 @@ class _ServerView(TypedDict):
 class ServerStatus(_ServerView, total=False):
     """One server's view of a lock (a row of ``fencelock status --json``).
 
-    For a semaphore the row also has ``permits``; for a read-write lock ``readers`` and
+    For a semaphore the row also has ``permits`` and, while permits may be valid there, the
+    ``limit`` the server keeps for the name; for a read-write lock ``readers`` and
     ``writer_waiting`` (a waiting writer's intent marker is set); ``held`` and the rest are
     the lock key itself (a read-write lock's writer)."""
 
     permits: list[Lessee]
+    limit: int
     readers: list[Lessee]
     writer_waiting: bool
+    queue: list[str]  # a fair lock's waiters on this server, in line order (id prefixes)
+    # present while a hand-off marker is set (a release woke a waiter: newcomers step aside):
+    # seconds left, or None for a marker without a TTL (stray: the next acquire deletes it)
+    handoff_ttl_s: float | None
 
 
 class _LockStatus(TypedDict):
@@ -122,12 +162,14 @@ class Status(_LockStatus, total=False):
 
     A plain lock's object has exactly ``key``, ``servers``, ``fence``, ``leader`` (as in
     v0.1). A semaphore's or read-write lock's object adds ``kind`` and, merged over the
-    servers: a semaphore's ``limit`` (None unless given: servers do not store it) and
+    servers: a semaphore's ``limit`` (as given, else the limit a majority of the servers keep
+    while its permits may be valid, else None) and
     ``permits``; a read-write lock's ``readers``, ``writer`` (None when no writer holds it on
     any server) and ``writer_waiting`` (the intent marker is set on a majority)."""
 
     kind: Kind
     limit: int | None
+    queue: list[Waiter]
     permits: list[Lessee]
     readers: list[Lessee]
     writer: Lessee | None
@@ -207,7 +249,8 @@ def status(
     (a ``SCAN`` of the server's keys for them) and a read-write lock by its readers or
     writer-intent keys; a read-write lock held only by its writer, or a semaphore with no
     permit out, then looks like a plain lock, so name the kind to see it as one. ``limit``:
-    the semaphore's limit, when known (servers do not store it); slots ``0..limit-1`` are read
+    the semaphore's limit, when known (servers keep it only while permits may be valid);
+    slots ``0..limit-1`` are read
     directly, without a ``SCAN``. Reading a semaphore's or read-write lock's keys needs
     ``SCAN`` (unless ``limit`` is given), ``ZRANGE`` and ``TIME``; where the server refuses
     them (a least-privilege ACL user has no ``SCAN``), ``"auto"`` reports the key as a lock,
@@ -238,16 +281,19 @@ def status(
         "fence": max(fences) if fences else None,
         "leader": _leader(rows),
     }
+    if any(row.get("queue") for row in rows):
+        report["queue"] = _merged_queue(rows)
     found = _kind_found(rows) if kind == "auto" else kind
     for row in rows:  # a row shows only the lists of the kind found
         if found != "semaphore":
             row.pop("permits", None)
+            row.pop("limit", None)
         if found != "rwlock":
             row.pop("readers", None)
             row.pop("writer_waiting", None)
     if found == "semaphore":
         report["kind"] = "semaphore"
-        report["limit"] = limit
+        report["limit"] = limit if limit is not None else _kept_limit(rows)
         report["permits"] = _merge(rows, "permits")
     elif found == "rwlock":
         report["kind"] = "rwlock"
@@ -256,6 +302,26 @@ def status(
         waiting = sum(1 for row in rows if row.get("writer_waiting"))
         report["writer_waiting"] = waiting >= len(rows) // 2 + 1
     return report
+
+
+def _merged_queue(rows: Sequence[ServerStatus]) -> list[Waiter]:
+    """A fair lock's line over the servers: each waiter once, in the order of its best place
+    on any server, with how many servers have it in line."""
+    places: dict[str, list[int]] = {}
+    for row in rows:
+        for place, waiter in enumerate(row.get("queue", [])):
+            places.setdefault(waiter, []).append(place)
+    order = sorted(places, key=lambda waiter: (min(places[waiter]), waiter))
+    return [{"waiter_prefix": waiter, "servers": len(places[waiter])} for waiter in order]
+
+
+def _kept_limit(rows: Sequence[ServerStatus]) -> int | None:
+    """The semaphore limit a majority of the servers keep for the name, else None."""
+    kept = [row["limit"] for row in rows if "limit" in row]
+    for value in set(kept):
+        if kept.count(value) >= len(rows) // 2 + 1:
+            return value
+    return None
 
 
 def _kind_found(rows: Sequence[ServerStatus]) -> Kind:
@@ -371,22 +437,29 @@ def _check(servers: object, key: object, timeout: object) -> tuple[list[str], st
     for url in given:
         if not isinstance(url, str):
             raise ConfigError(f"each server must be a URL, not {type(url).__name__}")
-        urls.append(check_url(url))
+        urls.append(check_any_url(url))
     return urls, check_key(key), seconds(timeout, "timeout")
 
 
-def _client(url: str, timeout: float) -> redis.Redis:
-    """A client of our own: short timeouts, no retries, no handshake extras."""
-    return plain_client(url, timeout)
+def _client(url: str, keys: LockKeys, timeout: float) -> tuple[str, redis.Redis | str]:
+    """(the server's name, a client of our own: short timeouts, no retries, no handshake
+    extras; for a cluster URL, of the primary that owns the lock's slot). Instead of the
+    client, the error (in :func:`_error`'s words) when a cluster URL's seed cannot say which
+    node that is."""
+    from ._engine.plain_clients import client_name, plain_client
 
-
-def _name(client: redis.Redis) -> str:
-    return describe(client.connection_pool.connection_kwargs)
+    try:
+        client = plain_client(url, timeout, key=keys.lock)
+    except Exception as exc:  # redis-py's cluster errors are not all RedisErrors
+        return str(url_name(url)), _error(exc)
+    return client_name(client, url), client
 
 
 def _each(urls: Sequence[str], one: Callable[[str], ServerStatus]) -> list[ServerStatus]:
     if len(urls) == 1:
         return [one(urls[0])]
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(16, len(urls))) as pool:
         return list(pool.map(one, urls))
 
@@ -411,11 +484,8 @@ def _holder(raw: object) -> dict[str, Any] | None:
     text = _text(raw)
     if not text:
         return None
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    return parsed if isinstance(parsed, dict) else {"raw": text}
+    parsed = parse_holder(text)
+    return parsed if parsed is not None else {"raw": text[:MAX_RAW_SHOWN]}
 
 
 def _ttl_s(pttl: object) -> float | None:
@@ -444,7 +514,11 @@ def _family_probe(client: redis.Redis, row: ServerStatus, name: str, limit: int 
     pipe.time()
     pipe.zrange(rw.readers, 0, -1, withscores=True)
     pipe.exists(rw.intent)
-    now, readers, intent = pipe.execute()
+    pipe.get(limit_key(name))
+    now, readers, intent, kept = pipe.execute()
+    kept_text = _text(kept)
+    if kept_text is not None and kept_text.isdigit():
+        row["limit"] = int(kept_text)
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
     row["readers"] = [
         {"token_prefix": str(_text(member))[:8], "ttl_s": (expiry - now_ms) / 1000, "holder": None}
@@ -489,9 +563,9 @@ def _probe(
     ``family`` (the key's name), also of the semaphore's slots and the read-write lock's
     readers. Where those cannot be read (e.g. an ACL user without ``SCAN``) the row has no
     lists; ``strict`` (the kind was named) also says why in ``error``."""
-    client = _client(url, timeout)
+    name, client = _client(url, keys, timeout)
     row: ServerStatus = {
-        "server": _name(client),
+        "server": name,
         "held": False,
         "token_prefix": None,
         "ttl_s": None,
@@ -499,13 +573,22 @@ def _probe(
         "fence": None,
         "error": None,
     }
+    if isinstance(client, str):
+        row["error"] = client.removeprefix("error: ")
+        return row
     try:
         pipe = client.pipeline(transaction=False)
         pipe.get(keys.lock)
         pipe.pttl(keys.lock)
         pipe.get(keys.holder)
         pipe.get(keys.fence)
-        token, pttl, holder, fence = pipe.execute()
+        pipe.zrange(fair_queue_key(keys), 0, -1)
+        pipe.pttl(keys.handoff)
+        token, pttl, holder, fence, queue, handoff = pipe.execute()
+        if isinstance(handoff, int) and handoff != -2:
+            row["handoff_ttl_s"] = handoff / 1000 if handoff >= 0 else None
+        if queue:
+            row["queue"] = [str(_text(member))[:8] for member in queue]
         family_error = None
         if family is not None:
             try:
@@ -527,11 +610,8 @@ def _probe(
             row["ttl_s"] = pttl / 1000
     holder_text = _text(holder)
     if holder_text:
-        try:
-            parsed = json.loads(holder_text)
-        except ValueError:
-            parsed = None
-        row["holder"] = parsed if isinstance(parsed, dict) else {"raw": holder_text}
+        parsed = parse_holder(holder_text)
+        row["holder"] = parsed if parsed is not None else {"raw": holder_text[:MAX_RAW_SHOWN]}
     elif token_text is not None and token_text.startswith(HANDED_PREFIX):
         # a release handed the lock to the first waiter in line: it could not know who that
         # would be, so no holder info was written
@@ -549,6 +629,8 @@ def _probe(
 
 def _run_release(client: redis.Redis, keys: LockKeys, token: str | bytes) -> bool:
     """release.lua once (EVALSHA, EVAL on NOSCRIPT): True when it deleted ``token``'s lock."""
+    from redis.exceptions import NoScriptError
+
     script_keys = release_keys(keys)
     execute: Callable[..., Any] = client.execute_command
     try:
@@ -563,8 +645,9 @@ def _run_release(client: redis.Redis, keys: LockKeys, token: str | bytes) -> boo
 
 
 def _release_one(url: str, keys: LockKeys, token: str, timeout: float) -> ServerOutcome:
-    client = _client(url, timeout)
-    name = _name(client)
+    name, client = _client(url, keys, timeout)
+    if isinstance(client, str):
+        return ServerOutcome(name, client)
     try:
         released = _run_release(client, keys, token)
     except Exception as exc:
@@ -575,15 +658,17 @@ def _release_one(url: str, keys: LockKeys, token: str, timeout: float) -> Server
 
 
 def _force_one(url: str, keys: LockKeys, timeout: float) -> ServerOutcome:
-    client = _client(url, timeout)
-    name = _name(client)
+    name, client = _client(url, keys, timeout)
+    if isinstance(client, str):
+        return ServerOutcome(name, client)
     try:
         for _ in range(FORCE_ATTEMPTS):
             token, holder = client.mget([keys.lock, keys.holder])
             if token is None:
-                client.delete(keys.holder)
+                client.delete(keys.holder, keys.handoff)
                 return ServerOutcome(name, "free")
             if _run_release(client, keys, token):
+                client.delete(keys.handoff)  # newcomers need not step aside for anyone
                 return ServerOutcome(name, "deleted", str(_text(token))[:8], _text(holder))
         return ServerOutcome(name, "busy")
     except Exception as exc:

@@ -11,11 +11,13 @@ from ._async.family import MultiLock, RWLock, Semaphore
 from ._async.lock import Lease, Lock, Permit
 from ._core.election import Leader
 from .client import AsyncClient as Client
+from .election import AsyncElection as Election
 from .errors import ConfigError, FencelockError, LockLost, NotAcquired, StaleFence, Unavailable
 
 __all__ = [
     "Client",
     "ConfigError",
+    "Election",
     "FencelockError",
     "Leader",
     "Lease",

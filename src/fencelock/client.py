@@ -8,7 +8,6 @@ keyed by server address); a client adds one place for defaults and a ``close()``
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from ._async.family import MultiLock as AsyncMultiLock
@@ -17,10 +16,10 @@ from ._async.family import Semaphore as AsyncSemaphore
 from ._async.lock import Lock as AsyncLock
 from ._core.multi import check_keys
 from ._core.semaphore import check_limit
-from ._definition import Definition, Gate
 from ._engine.registry import resolve
 from ._engine.server import Server
-from ._front import build_options
+from ._frontend.definition import Definition, Gate
+from ._frontend.fronts import build_options
 from ._sync.family import MultiLock, RWLock, Semaphore
 from ._sync.lock import Lock
 from .election import AsyncElection, Election, check_name, default_name
@@ -30,6 +29,7 @@ from .options import (
     DEFAULT_WAIT,
     DRIFT_FACTOR,
     DRIFT_MIN,
+    FENCE_RETENTION,
     HANDOFF_WINDOW,
     RETRY_BASE,
     RETRY_CAP,
@@ -62,6 +62,7 @@ class _ClientBase(Generic[L]):
         purpose: str | None = None,
         restart_delay: bool | None = None,
         replicas: int = 0,
+        fence_retention: Seconds | None = FENCE_RETENTION,
     ) -> None:
         self._raw: dict[str, Any] = {
             "server_timeout": server_timeout,
@@ -75,6 +76,7 @@ class _ClientBase(Generic[L]):
             "purpose": purpose,
             "restart_delay": restart_delay,
             "replicas": replicas,
+            "fence_retention": fence_retention,
         }
         self.options = LockOptions.build(ttl=ttl, wait=wait, **self._raw)
         self._servers: tuple[Server, ...] = resolve(servers)
@@ -183,12 +185,7 @@ class Client(_ClientBase[Lock]):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -229,10 +226,5 @@ class AsyncClient(_ClientBase[AsyncLock]):
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

@@ -17,13 +17,13 @@ import functools
 import inspect
 import re
 import string
-from collections.abc import Callable, Coroutine
-from contextlib import AsyncExitStack, ExitStack
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import AsyncExitStack, ExitStack, contextmanager
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ._async.lock import Lease as AsyncLease
-from ._context import innermost, pop_held, push_held
-from ._definition import UNSET
+from ._frontend.context import innermost, pop_held, push_held
+from ._frontend.definition import UNSET
 from ._sync.lock import Lease
 from .client import AsyncClient, Client, _ClientBase
 from .errors import ConfigError, NotAcquired
@@ -151,12 +151,8 @@ def locked(
                         if skip:
                             return None
                         raise
-                    marker = object()
-                    push_held(marker, lease)
-                    try:
-                        return await fn(*args, **kwargs)
-                    finally:
-                        pop_held(marker)
+                    stack.enter_context(_current(lease))
+                    return await fn(*args, **kwargs)
 
             return run_async
 
@@ -172,12 +168,8 @@ def locked(
                     if skip:
                         return None
                     raise
-                marker = object()
-                push_held(marker, lease)
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    pop_held(marker)
+                stack.enter_context(_current(lease))
+                return fn(*args, **kwargs)
 
         return run
 
@@ -237,3 +229,14 @@ class _KeyTemplate:
             ) from None
         except (AttributeError, IndexError, TypeError, ValueError) as exc:
             raise ConfigError(f"key template {self.key!r}: {exc}") from None
+
+
+@contextmanager
+def _current(lease: object) -> Iterator[None]:
+    """``lease`` is :func:`current_lease` inside the block (both wrappers of :func:`locked`)."""
+    marker = object()
+    push_held(marker, lease)
+    try:
+        yield
+    finally:
+        pop_held(marker)

@@ -34,8 +34,8 @@ from ._async.lock import Lock as AsyncLock
 from ._core.effects import Flow
 from ._core.election import Change, Leader, announce, leader_info, next_change, read_leader
 from ._core.election import term_ended as term_ended_flow
-from ._holder import new_token
-from ._lease import LeaseState, log
+from ._frontend.holder import new_token
+from ._frontend.lease import LeaseState, log
 from ._sync.driver import Driver
 from ._sync.lock import Lease, Lock
 from .errors import ConfigError
@@ -168,7 +168,8 @@ class Election(_ElectionBase[Lock]):
 
     def leader(self) -> Leader | None:
         """The current leader, read on every server (no campaign needed); ``None`` when
-        nobody leads. Raises :class:`~fencelock.Unavailable` when too few servers answered."""
+        nobody leads. Raises :class:`~fencelock.Unavailable` when the answers cannot tell:
+        too few servers answered, or a holder could have a majority with the silent ones."""
         view = self._driver.run(self._read_flow())
         leader: Leader | None = view.leader
         return leader
@@ -176,7 +177,9 @@ class Election(_ElectionBase[Lock]):
     def observe(self, timeout: Seconds = math.inf) -> Iterator[Leader | None]:
         """Yield the leader (``None``: nobody leads) now and each time it changes, for up to
         ``timeout`` seconds (default: until the loop is left). Terms shorter than a round
-        trip may be skipped; terms come in order (fences strictly grow)."""
+        trip may be skipped; terms come in order (fences strictly grow). Raises
+        :class:`~fencelock.Unavailable` (as :meth:`leader` does) as soon as a read cannot tell
+        who leads: the last value yielded no longer stands; observe again to go on."""
         observer, until, poll_s = self._observer(timeout)
         last: tuple[str, int] | bool | None = False
         while True:

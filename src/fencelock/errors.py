@@ -110,3 +110,9 @@ class StaleFence(FencelockError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.resource, self.offered, self.current))
+
+
+class InsecureTLSWarning(UserWarning):
+    """A ``rediss://`` URL turns off part of the server's authentication
+    (``ssl_cert_reqs=none`` or ``ssl_check_hostname=false``): the traffic is encrypted, but a
+    machine in the path can pose as the server and read the password and the tokens."""

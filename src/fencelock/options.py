@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .errors import ConfigError
 
@@ -44,6 +44,21 @@ SERVER_TIMEOUT_MIN = 0.05
 SERVER_TIMEOUT_MAX = 1.0
 #: The watchdog renews every ``ttl * RENEW_FRACTION`` seconds.
 RENEW_FRACTION = 1.0 / 3.0
+#: How long a fence register outlives its last write (s): a key used once costs its server
+#: nothing after this. Long on purpose: once the register is gone, the next fence comes from
+#: the server's TIME floor alone, which is larger only if the server's clock did not step back
+#: by half of it (the scripts set the expiry only while the fence is at most half of it ahead
+#: of the clock; see docs/fencing.md). None keeps registers for ever. A lock whose ttl is
+#: longer gets its ttl as the default instead.
+FENCE_RETENTION = 7 * 24 * 3600.0
+#: The shortest retention allowed (s): above any clock step a server should see.
+FENCE_RETENTION_MIN = 1.0
+#: The longest finite duration any option takes (s, about 31.7 years). Servers store a PX of
+#: up to about 2**63 ms less the time now, and the timers wait at most ``threading.TIMEOUT_MAX``
+#: (about 9.2e9 s on Linux): beyond those a TTL failed inside a script (reported as servers
+#: unavailable) or killed the process's timers thread (every lease stopped renewing). Use
+#: renewal (``hold(renew=True)``) for work of unknown length, never a huge TTL.
+MAX_DURATION_S = 1e9
 
 _URL_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss"}
 
@@ -51,10 +66,11 @@ _URL_SCHEMES = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkey
 def seconds(
     value: object, name: str, *, allow_zero: bool = False, allow_inf: bool = False
 ) -> float:
-    """Check a duration and return it in float seconds, or raise :class:`ConfigError`."""
-    if type(value) is float and 0.0 < value < math.inf:  # the common cases, at once
+    """Check a duration and return it in float seconds, or raise :class:`ConfigError`
+    (negative, NaN, infinite unless ``allow_inf``, or above :data:`MAX_DURATION_S`)."""
+    if type(value) is float and 0.0 < value <= MAX_DURATION_S:  # the common cases, at once
         return value
-    if type(value) is int and value > 0:
+    if type(value) is int and 0 < value <= MAX_DURATION_S:
         return float(value)
     if isinstance(value, timedelta):
         result = value.total_seconds()
@@ -69,6 +85,11 @@ def seconds(
     if result < 0 or (result == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{name} must be {bound} seconds, got {value!r}")
+    if MAX_DURATION_S < result < math.inf:
+        raise ConfigError(
+            f"{name} must be at most {MAX_DURATION_S:g} seconds, got {value!r}"
+            + (" (math.inf waits for ever)" if allow_inf else " (renew a shorter lease instead)")
+        )
     return result
 
 
@@ -83,11 +104,15 @@ def fraction(value: object, name: str, *, upper: float = 1.0) -> float:
 
 
 def check_key(key: object) -> str:
-    """A lock name: a non-empty ``str``."""
+    """A lock name: a non-empty ``str`` that can be sent (UTF-8: no lone surrogate)."""
     if not isinstance(key, str):
         raise ConfigError(f"key must be a str, not {type(key).__name__}")
     if not key:
         raise ConfigError("key must not be empty")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"key {key!r} cannot be encoded as UTF-8: {exc.reason}") from None
     return key
 
 
@@ -113,6 +138,13 @@ def check_url(url: str) -> str:
         )
     if not parts.hostname:
         raise ConfigError(f"server URL has no host: {redact_url(url)!r}")
+    if parts.username and parts.password is None:
+        # redis-py refuses it too: there is no AUTH with a user name alone, and sending none
+        # would quietly run as the ``default`` user
+        raise ConfigError(
+            f"server URL names user {unquote(parts.username)!r} but gives no password: "
+            f"{redact_url(url)!r} (redis://user:password@host)"
+        )
     if port is not None and not 0 < port < 65536:
         raise ConfigError(f"server URL port out of range: {redact_url(url)!r}")
     db = parts.path.lstrip("/")
@@ -121,18 +153,29 @@ def check_url(url: str) -> str:
     return urlunsplit(parts._replace(scheme=_URL_SCHEMES[parts.scheme]))
 
 
+#: Query options whose values are secrets (redis-py reads ``?password=`` as the password).
+_SECRET_OPTIONS = frozenset({"password", "sentinel_password", "ssl_password"})
+
+
 def redact_url(url: str) -> str:
-    """The URL without its password (safe for logs, reprs and error messages)."""
+    """The URL without its password, in the netloc or in a ``password`` query option (safe
+    for logs, reprs and error messages)."""
     try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        netloc = f"{user}:***@{host}" if user else f":***@{host}"
-        if parts.port is not None:
-            netloc += f":{parts.port}"
-        return urlunsplit(parts._replace(netloc=netloc))
+        parts = original = urlsplit(url)
+        if parts.password is not None:
+            # the hosts as written: a Sentinel URL names several (``h1:p1,h2:p2``), which
+            # ``parts.port`` cannot read
+            userinfo, _, hosts = parts.netloc.rpartition("@")
+            user = userinfo.partition(":")[0]
+            parts = parts._replace(netloc=f"{user}:***@{hosts}")
+        if parts.query:
+            fields = parts.query.split("&")
+            for index, one in enumerate(fields):
+                name, eq, _ = one.partition("=")
+                if eq and unquote(name).lower() in _SECRET_OPTIONS:
+                    fields[index] = f"{name}=***"
+            parts = parts._replace(query="&".join(fields))
+        return url if parts == original else urlunsplit(parts)
     except ValueError:
         return "<malformed URL>"
 
@@ -164,6 +207,8 @@ class LockOptions:
     #: 0: a grant counts once the primary answered (replication is asynchronous); k > 0: only
     #: once ``WAIT k`` saw k replicas acknowledge it, so a failover keeps it
     replicas: int = 0
+    #: seconds a fence register is kept after its last write (None: for ever)
+    fence_retention: float | None = FENCE_RETENTION
 
     @classmethod
     def build(
@@ -182,6 +227,7 @@ class LockOptions:
         purpose: object = None,
         restart_delay: object = None,
         replicas: object = 0,
+        fence_retention: object = FENCE_RETENTION,
     ) -> LockOptions:
         """Validate raw arguments; raises :class:`ConfigError` naming the first bad one."""
         ttl_s = seconds(ttl, "ttl")
@@ -211,6 +257,23 @@ class LockOptions:
             raise ConfigError(f"replicas must be an int >= 0, not {replicas!r}")
         if purpose is not None and not isinstance(purpose, str):
             raise ConfigError(f"purpose must be a str or None, not {purpose!r}")
+        drift_min_s = seconds(drift_min, "drift_min", allow_zero=True)
+        if drift_min_s >= ttl_s:
+            raise ConfigError(
+                f"drift_min ({drift_min_s} s) must be shorter than ttl ({ttl_s} s): "
+                "no lease could ever be valid"
+            )
+        retention_s = None
+        if fence_retention is not None:
+            retention_s = seconds(fence_retention, "fence_retention")
+            if retention_s == FENCE_RETENTION:  # the default: a lease may be even longer
+                retention_s = max(retention_s, ttl_s)
+            if retention_s < max(FENCE_RETENTION_MIN, ttl_s):
+                raise ConfigError(
+                    f"fence_retention ({retention_s} s) must be at least the ttl ({ttl_s} s) "
+                    f"and {FENCE_RETENTION_MIN:g} s: the fence register must outlive the "
+                    "lease it fenced and any clock step of the server"
+                )
         base_s = seconds(retry_base, "retry_base")
         cap_s = seconds(retry_cap, "retry_cap")
         if cap_s < base_s:
@@ -220,7 +283,7 @@ class LockOptions:
             wait=wait_s,
             server_timeout=timeout_s,
             drift_factor=fraction(drift_factor, "drift_factor", upper=0.5),
-            drift_min=seconds(drift_min, "drift_min", allow_zero=True),
+            drift_min=drift_min_s,
             retry_base=base_s,
             retry_cap=cap_s,
             renew_every=renew_s,
@@ -229,4 +292,5 @@ class LockOptions:
             purpose=purpose,
             restart_delay=restart_delay,
             replicas=replicas,
+            fence_retention=retention_s,
         )

@@ -18,7 +18,7 @@ import redis
 import fencelock.asyncio as fasync
 from fencelock import Unavailable
 from fencelock._core.keys import lock_keys
-from fencelock.servers import Server, ServerGroup
+from fencelock.testing import Server, ServerGroup
 
 TTL = 10.0
 SERVER_TIMEOUT = 0.2

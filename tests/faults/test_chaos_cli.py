@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from fencelock.chaos.nemesis import CATEGORY
-from fencelock.chaos.report import JSON_FIELDS
+from fencelock.cli.chaos.nemesis import CATEGORY
+from fencelock.cli.chaos.report import JSON_FIELDS
 
 
 def test_chaos_cli_json_run_is_safe_and_the_canary_sees_the_violations() -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
-from fencelock.chaos.report import JSON_FIELDS
+from fencelock.cli.chaos.report import JSON_FIELDS
 
 FAULTS = "pause-holder,pause-server,kill-restart"
 
@@ -55,8 +55,15 @@ def test_chaos_rwlock_run_never_has_a_writer_with_a_reader_or_two_writers() -> N
     assert "writer with a reader" in stderr
 
 
+def test_chaos_fair_lock_run_keeps_the_lock_rules() -> None:
+    """Issue 21: no chaos run exercised the fair lock. Its waiters queue in arrival order; the
+    checks are the lock's (no double grant, fences grow, no stale write accepted)."""
+    data, _stderr = chaos("--primitive", "fair")
+    assert data["primitive"] == "fair"
+
+
 def test_chaos_rejects_an_unknown_primitive_and_a_bad_limit() -> None:
-    for args in (["--primitive", "fair"], ["--primitive", "semaphore", "--limit", "0"]):
+    for args in (["--primitive", "queue"], ["--primitive", "semaphore", "--limit", "0"]):
         proc = subprocess.run(
             [sys.executable, "-m", "fencelock", "chaos", "--duration", "1", *args],
             capture_output=True, text=True, timeout=60, env=os.environ.copy(), check=False,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fencelock import Lock, StaleFence
-from fencelock.chaos.checkers import (
+from fencelock.cli.chaos.checkers import (
     Op,
     check_canary,
     check_fenced_register,
@@ -20,10 +20,10 @@ from fencelock.chaos.checkers import (
     lease_windows,
     unfenced_overlaps,
 )
-from fencelock.chaos.nemesis import Topology, faketime_available
-from fencelock.chaos.workload import CANARY_KEY, RESOURCE, decode_count, encode_value
+from fencelock.cli.chaos.nemesis import Topology, faketime_available
+from fencelock.cli.chaos.workload import CANARY_KEY, RESOURCE, decode_count, encode_value
 from fencelock.fence import RedisFence
-from fencelock.servers import find_server_binary
+from fencelock.testing import find_server_binary
 
 KEY = "clock"
 

@@ -23,9 +23,9 @@ import time
 import pytest
 
 from fencelock import Lease, Lock, NotAcquired
-from fencelock.chaos.checkers import Op, check_fences, check_lease_overlap, lease_windows
-from fencelock.chaos.nemesis import Topology
-from fencelock.servers import Persistence
+from fencelock.cli.chaos.checkers import Op, check_fences, check_lease_overlap, lease_windows
+from fencelock.cli.chaos.nemesis import Topology
+from fencelock.testing import Persistence
 
 TTL = 4.0
 

@@ -20,8 +20,8 @@ import pytest
 
 import fencelock
 import fencelock.asyncio as flasync
-from fencelock.chaos.proxy import Proxy
 from fencelock.options import RETRY_CAP
+from fencelock.testing.proxy import Proxy
 
 TTL = 1.0
 BOUND = 20.0  # liveness bound (seconds) of every wait, never a speed assertion
@@ -150,20 +150,51 @@ class History:
             return terms
 
 
-def _observe_sync(urls: list[str], seen: list[Any], stop: threading.Event) -> None:
-    for leader in fencelock.Client(urls, ttl=TTL).election("election").observe(timeout=60):
+#: What an observer records when a read could not tell who leads (``observe`` raised
+#: Unavailable, as documented, and was started again): terms may be missed across it.
+UNSURE = "unavailable"
+
+
+def _note(seen: list[Any], leader: Any) -> None:
+    """Record ``leader`` unless it repeats the last one recorded (an observation started
+    again after Unavailable yields the current leader first)."""
+    last = next((x for x in reversed(seen) if x is not None and x != UNSURE), None)
+    same = last is not None and leader is not None and last.fence == leader.fence
+    if not (same and seen[-1] == UNSURE):
         seen.append(leader)
-        if stop.is_set():
+
+
+def _observe_sync(urls: list[str], seen: list[Any], stop: threading.Event) -> None:
+    election = fencelock.Client(urls, ttl=TTL).election("election")
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        try:
+            for leader in election.observe(timeout=max(0.1, until - time.monotonic())):
+                _note(seen, leader)
+                if stop.is_set():
+                    return
             return
+        except fencelock.Unavailable:  # a read that could not tell (a loaded machine)
+            seen.append(UNSURE)
+            if stop.is_set():
+                return
 
 
 def _observe_async(urls: list[str], seen: list[Any], stop: threading.Event) -> None:
     async def main() -> None:
         election = flasync.Client(urls, ttl=TTL).election("election")
-        async for leader in election.observe(timeout=60):
-            seen.append(leader)
-            if stop.is_set():
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            try:
+                async for leader in election.observe(timeout=max(0.1, until - time.monotonic())):
+                    _note(seen, leader)
+                    if stop.is_set():
+                        return
                 return
+            except fencelock.Unavailable:
+                seen.append(UNSURE)
+                if stop.is_set():
+                    return
 
     asyncio.run(main())
 
@@ -194,7 +225,10 @@ def test_one_leader_at_a_time_through_kill_pause_and_isolation(
     campaigners: dict[str, Campaigner] = {}
     routes: dict[str, list[Proxy]] = {}
     for name, front in (("p0", "sync"), ("p1", "async"), ("p2", "sync")):
-        routes[name] = [Proxy(s.host, s.port, name=f"{name}->{s.port}").start() for s in group]
+        routes[name] = [
+            Proxy(s.host, s.port, name=f"{name}->{s.port}", password=s.password).start()
+            for s in group
+        ]
         proxies.extend(routes[name])
         campaigners[name] = Campaigner(name, front, [p.url for p in routes[name]], history)
     try:
@@ -249,6 +283,10 @@ def test_one_leader_at_a_time_through_kill_pause_and_isolation(
         assert earlier.end <= later.acked, (earlier, later)  # never two valid terms at once
     expected = [(t.name, t.fence) for t in terms]
     for seen in (seen_sync, seen_async):
-        named = [(x.name, x.fence) for x in seen if x is not None]
-        assert [x for x in named if x[1] <= fences[-1]] == expected
+        named = [(x.name, x.fence) for x in seen if x is not None and x != UNSURE]
+        shown = [x for x in named if x[1] <= fences[-1]]
+        if UNSURE in seen:  # terms may be missed across a read that could not tell
+            assert set(shown) <= set(expected), (shown, expected)
+        else:
+            assert shown == expected
         assert [f for _, f in named] == sorted(set(f for _, f in named))

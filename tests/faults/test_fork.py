@@ -1,7 +1,8 @@
 """F22: the process forks while it holds a lease, or after its Locks opened connections.
 
-Contract (DESIGN.md v0.2, fork-safe): in a child, inherited connections are never used and
-renewal works there, or the lease is reported lost at once. Each test forks with ``os.fork()``;
+Contract (DESIGN.md v0.3, fork-safe): in a child, inherited connections are never used, and
+every inherited lease is reported lost at once (reason "fork"), never renewed, never released;
+the parent is untouched. Each test forks with ``os.fork()``;
 the child reports one JSON object through a pipe and leaves with ``os._exit``; the parent waits
 for it with a bounded ``waitpid`` loop and kills it by PID when it overruns.
 
@@ -9,12 +10,15 @@ for it with a bounded ``waitpid`` loop and kills it by PID when it overruns.
 - a child never uses a connection opened before the fork (checked on the servers: CLIENT LIST
   idle times while the parent is quiet), and parent and child using such Locks at the same
   time never get each other's replies (stress; on the v0.1 engine it fails most runs, not all);
-- a lease renewed in the parent is, in the child, renewed or reported lost at its deadline.
+- a lease held in the parent is, in the child, lost at once (reason "fork"), never renewed
+  and never released there (v0.3; v0.2 allowed "renewed or lost", which let a child keep a
+  dead parent's lock alive); a SIGKILLed parent's lock frees within its TTL while a child lives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -28,9 +32,9 @@ import pytest
 import redis
 
 import fencelock.asyncio as fasync
-from fencelock import Lock
+from fencelock import Lock, LockLost
 from fencelock._core.keys import lock_keys
-from fencelock.pytest_plugin import ServerGroupFactory
+from fencelock.testing.pytest_plugin import ServerGroupFactory
 
 CHILD_LIMIT_S = 20.0  # a child still running after this long is killed (a hang is a failure)
 TTL = 1.0
@@ -302,35 +306,105 @@ def test_a_child_never_uses_connections_opened_before_the_fork(urls: list[str], 
     assert used == {}, f"connections opened before the fork were used by the child: {used}"
 
 
-# -- (c) a lease renewed in the parent, seen from the child ---------------------------------------
+# -- (c) a lease held in the parent, seen from the child (v0.3: lost at once, reason "fork") -----
 
 
-def _watch_inherited(lease: Any, watch_s: float) -> Report:
-    """In the child: the inherited lease must stay renewed, or be reported lost no later than
-    its local validity runs out (plus 100 ms), never silently run out with ``lost`` unset."""
-    end = time.monotonic() + watch_s
-    ran_out_at: float | None = None
-    while time.monotonic() < end:
-        if lease.lost.is_set():
-            return {"ok": True, "outcome": "lost", "reason": lease.lost_reason}
-        if lease.remaining() <= 0.0:
-            ran_out_at = ran_out_at or time.monotonic()
-            if time.monotonic() - ran_out_at > 0.1:
-                return {"ok": False, "outcome": "neither: validity ran out, lost not set"}
-        time.sleep(0.005)
-    return {"ok": lease.remaining() > 0.0, "outcome": "renewed",
-            "remaining": lease.remaining()}  # fmt: skip
+def _watch_inherited(lease: Any, urls: list[str], name: str, watch_s: float) -> Report:
+    """In the child: the inherited lease is lost at once (reason "fork"), never renewed, and
+    its release raises LockLost without touching the parent's key."""
+    lost_at_once = lease.lost.is_set() and lease.lost_reason == "fork"
+    remaining = lease.remaining()
+    try:
+        pending = lease.release()
+        if asyncio.iscoroutine(pending):  # an asyncio lease: on a loop of the child's own
+            asyncio.run(pending)
+        released = "no error"
+    except LockLost as exc:
+        released = f"LockLost: {exc}"
+    time.sleep(watch_s)  # a renewal re-armed in the child would run meanwhile
+    ours = holders_of(direct_clients(urls), name, lease.token)
+    ok = lost_at_once and remaining == 0.0 and released.startswith("LockLost") and ours > 0
+    return {"ok": ok, "lost_at_once": lost_at_once, "reason": lease.lost_reason,
+            "remaining": remaining, "release": released, "parent_key_on": ours}  # fmt: skip
 
 
-def test_a_lease_renewed_across_a_fork_is_renewed_or_reported_lost_in_the_child(
+def test_a_lease_held_across_a_fork_is_lost_at_once_in_the_child(
     urls: list[str], key: str
 ) -> None:
     lock = Lock(urls, key, ttl=TTL)
     with lock.hold(wait=2.0, renew=True) as lease:
-        pid, read_fd = fork_child(lambda: _watch_inherited(lease, 3 * TTL))
+        pid, read_fd = fork_child(lambda: _watch_inherited(lease, urls, key, 2 * TTL))
         report = reap(pid, read_fd)
         parent_holds = holders_of(direct_clients(urls), key, lease.token)
         parent_lost = lease.lost.is_set()
     assert report["ok"], f"child: {report}"
-    # whatever the child did, the parent's lease is untouched and still renewed
+    # the parent's lease is untouched and still renewed
     assert not parent_lost and parent_holds >= majority(len(urls))
+
+
+def test_an_asyncio_lease_held_across_a_fork_is_lost_at_once_in_the_child(
+    urls: list[str], key: str
+) -> None:
+    async def scenario() -> tuple[Report, int, bool]:
+        lock = fasync.Lock(urls, key, ttl=TTL)
+        async with lock.hold(wait=2.0, renew=True) as lease:
+            pid, read_fd = fork_child(lambda: _watch_inherited(lease, urls, key, 0.0))
+            report = await asyncio.get_running_loop().run_in_executor(None, reap, pid, read_fd)
+            await asyncio.sleep(2 * TTL)  # the parent keeps renewing
+            holds = holders_of(direct_clients(urls), key, lease.token)
+            return report, holds, lease.lost.is_set()
+
+    report, parent_holds, parent_lost = asyncio.run(scenario())
+    assert report["ok"], f"child: {report}"
+    assert not parent_lost and parent_holds >= majority(len(urls))
+
+
+_PARENT = """
+import os, sys, time
+from fencelock import Lock
+lock = Lock(sys.argv[1].split(","), sys.argv[2], ttl=float(sys.argv[3]))
+lease = lock.acquire(wait=5.0)
+lease.keep_alive()
+child = os.fork()
+if child == 0:
+    time.sleep(float(sys.argv[4]))  # a worker that outlives its parent
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_parents_lock_frees_within_its_ttl_while_a_forked_child_lives(
+    urls: list[str], key: str
+) -> None:
+    import subprocess
+    import sys
+
+    child_lives_s = 8.0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, ",".join(urls), key, str(TTL), str(child_lives_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = 0
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        clients = direct_clients(urls)
+        name = lock_keys(key).lock
+        assert sum(1 for c in clients if c.exists(name)) >= majority(len(urls))
+        proc.kill()  # SIGKILL: the parent cannot release
+        proc.wait(5)
+        killed_at = time.monotonic()
+        while sum(1 for c in clients if c.exists(name)) >= majority(len(urls)):
+            # a child that renewed its parent's lease would keep it until it exits (8 s)
+            assert time.monotonic() - killed_at < TTL + 1.0, "the forked child kept the lock"
+            time.sleep(0.02)
+        os.kill(child, 0)  # the child is still alive: it did not free the lock by exiting
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

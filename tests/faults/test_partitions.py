@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from fencelock import Lock, Unavailable
-from fencelock.chaos.nemesis import Topology
+from fencelock.cli.chaos.nemesis import Topology
 from fencelock.fence import RedisFence
 
 KEY = "partition"

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from fencelock import Lock, Unavailable
-from fencelock.chaos.cli import ChaosConfig, run_chaos
-from fencelock.servers import ServerGroup
+from fencelock.cli.chaos.cli import ChaosConfig, run_chaos
+from fencelock.testing import ServerGroup
 
 
 def test_holder_pause_fencing_refuses_stale_writes_and_the_canary_loses_updates() -> None:

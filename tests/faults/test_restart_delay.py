@@ -23,8 +23,8 @@ import pytest
 
 from fencelock import Lease, Lock, LockLost, NotAcquired
 from fencelock._engine.registry import resolve
-from fencelock.chaos.nemesis import Topology, faketime_available
-from fencelock.doctor import diagnose
+from fencelock.cli.chaos.nemesis import Topology, faketime_available
+from fencelock.cli.doctor import diagnose
 
 TTL = 3.0
 LOCK_KEY = "fencelock:{skewed}"

@@ -16,8 +16,8 @@ from typing import Any
 
 import fencelock
 from fencelock._core.keys import lock_keys, slot_keys
-from fencelock.chaos.proxy import Proxy
-from fencelock.servers import refused_url
+from fencelock.testing import refused_url
+from fencelock.testing.proxy import Proxy
 
 BOUND = 20.0  # liveness bound (s), never a speed assertion
 LATENCY_MS = 400.0
@@ -34,7 +34,7 @@ def test_permits_granted_at_once_on_different_majorities_get_different_fences(
     for server in (s0, s2):
         server.client().set(fence_key, ahead)
     s2.client().set(slot_keys(name, 0).lock, "someone-else", px=60_000)  # slot 0 taken on s2
-    proxy = Proxy(s1.host, s1.port, name="a->s1").start()
+    proxy = Proxy(s1.host, s1.port, name="a->s1", password=s1.password).start()
     try:
         a_client = fencelock.Client(
             [s0.url, proxy.url, refused_url()], ttl=30.0, server_timeout=5.0

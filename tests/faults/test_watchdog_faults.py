@@ -15,7 +15,7 @@ import pytest
 
 from fencelock import Lock, LockLost
 from fencelock.asyncio import Lock as AsyncLock
-from fencelock.servers import Server, ServerGroup
+from fencelock.testing import Server, ServerGroup
 
 HOLDER = """
 import sys, time

@@ -26,6 +26,7 @@ import redis
 
 import fencelock
 from fencelock._core.keys import lock_keys
+from fencelock.options import FENCE_RETENTION
 
 T = TypeVar("T")
 CALL_TIMEOUT = 60.0  # liveness bound for one facade call (seconds); never a speed assertion
@@ -237,18 +238,27 @@ def make_lock(front: str) -> Iterator[LockFactory]:
 # -- direct inspection of servers ----------------------------------------------------------------
 
 
-def our_keys(client: redis.Redis, name: str) -> dict[str, int]:
-    """Every ``fencelock:{name}*`` key on one server -> its PTTL in ms (-1: no TTL).
+#: What :func:`our_keys` says of a fence register kept for the default retention (a TTL above
+#: a minute and at most ``fence_retention``'s default of 7 days), instead of its PTTL.
+FENCE_KEPT = "kept for the retention"
+
+
+def our_keys(client: redis.Redis, name: str) -> dict[str, int | str]:
+    """Every ``fencelock:{name}*`` key on one server -> its PTTL in ms (-1: no TTL), or
+    :data:`FENCE_KEPT` for the fence register with the default retention's TTL.
 
     Keys are named by their suffix (``"<lock>"``, ``":fence"``, ``":holder"``...)."""
     base = lock_keys(name).lock
     pattern = re.sub(r"([\\*?\[\]{}])", r"\\\1", base) + "*"
-    found: dict[str, int] = {}
+    found: dict[str, int | str] = {}
     for raw in client.scan_iter(match=pattern, count=1000):
         k = raw.decode() if isinstance(raw, bytes) else str(raw)
         pttl = int(client.pttl(k))
-        if pttl != -2:
-            found[k[len(base) :] or "<lock>"] = pttl
+        suffix = k[len(base) :] or "<lock>"
+        if suffix == ":fence" and 60_000 < pttl <= FENCE_RETENTION * 1000:
+            found[suffix] = FENCE_KEPT
+        elif pttl != -2:
+            found[suffix] = pttl
     return found
 
 

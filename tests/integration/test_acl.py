@@ -1,5 +1,5 @@
-"""The least-privilege ACL user of docs/deploying.md (``fencelock.doctor.ACL_SETUSER``): the lock
-behaviour suite of ``test_lock.py`` passes as that user, over both front ends and 1 and 3
+"""The least-privilege ACL user of docs/deploying.md (``fencelock.cli.doctor.ACL_SETUSER``): the
+lock behaviour suite of ``test_lock.py`` passes as that user, over both front ends and 1 and 3
 servers; the line grants exactly what fencelock sends; a user missing a permission gets an
 ``Unavailable`` that says the ACL refused it."""
 
@@ -32,14 +32,16 @@ from test_lock import (  # noqa: F401  (collected again here, as the ACL user)
 )
 
 import fencelock
+import fencelock.admin
 from fencelock import NotAcquired, Unavailable
 from fencelock._core.verdicts import ACL_HINT
-from fencelock.doctor import ACL_SETUSER
-from fencelock.servers import Server, ServerGroup
+from fencelock.cli.doctor import ACL_SETUSER, diagnose
+from fencelock.testing import Server, ServerGroup
 
 PASSWORD = "s3cret-pw"
 SCRIPTS_DIR = Path(fencelock.__file__).parent / "_scripts"
-GUARD_SCRIPTS = {"fence_advance", "fence_apply", "fence_write"}  # on the user's data server
+# on the user's data server (fence_guard: the check the three include)
+GUARD_SCRIPTS = {"fence_advance", "fence_apply", "fence_write", "fence_guard"}
 # what a lock server runs: every script but the storage guard's
 LOCK_SCRIPTS = sorted(p.stem for p in SCRIPTS_DIR.glob("*.lua") if p.stem not in GUARD_SCRIPTS)
 
@@ -113,6 +115,7 @@ def test_the_line_grants_exactly_what_fencelock_sends_and_its_lock_scripts_call(
     # engine + handshake; BLMOVE claims a hand-over, CLIENT ID / UNBLOCK end an interrupted one
     sent = {"PING", "INFO", "ROLE", "SELECT", "EVAL", "EVALSHA", "BLPOP", "BLMOVE"}
     sent |= {"CLIENT|ID", "CLIENT|UNBLOCK"}
+    sent |= {"MGET"}  # release --force reads token and holder info at once (admin)
     assert granted == called | sent
     assert "~fencelock:*" in ACL_SETUSER.split() and "-@all" in ACL_SETUSER.split()
 
@@ -196,9 +199,33 @@ def test_a_waiter_whose_user_may_not_block_sleeps_instead_of_spinning(
     got[0].release()
 
 
-def test_the_documented_line_is_the_one_tested() -> None:
-    docs = Path(__file__).parents[2] / "docs" / "deploying.md"
+@pytest.mark.parametrize("page", ["deploying.md", "security.md"])
+def test_the_documented_line_is_the_one_tested(page: str) -> None:
+    docs = Path(__file__).parents[2] / "docs" / page
     assert ACL_SETUSER in docs.read_text()
+
+
+def test_release_force_and_status_work_as_the_acl_user(topologies: AclTopologies) -> None:
+    """``release --force`` reads the token and the holder info with MGET: the line grants it."""
+    group = topologies.group(1)
+    key = f"acl:force:{time.monotonic_ns()}"
+    lease = fencelock.Lock(group.urls, key, ttl=30).acquire(wait=1)
+    report = fencelock.admin.status(group.urls, key)
+    assert report["servers"][0]["held"] and report["servers"][0]["error"] is None
+    result = fencelock.admin.force_release(group.urls, key)
+    assert [one.outcome for one in result.servers] == ["deleted"], result
+    with group[0].client() as client:
+        assert client.exists(f"fencelock:{{{key}}}") == 0
+    assert lease.fence > 0
+
+
+def test_doctor_names_mget_when_the_user_may_not_run_it(fencelock_server: Server) -> None:
+    url = add_user(fencelock_server, "nomget", "-mget")
+    (acl,) = [c for c in diagnose(url)["checks"] if c["name"] == "acl"]
+    assert not acl["ok"] and "MGET" in acl["detail"] and "+mget" in acl["detail"], acl
+    full = diagnose(add_user(fencelock_server, "full"))
+    (ok,) = [c for c in full["checks"] if c["name"] == "acl"]
+    assert ok["ok"], ok
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -222,3 +249,23 @@ def test_the_whole_family_works_as_the_acl_user(topologies: AclTopologies, n: in
         leader = election.leader()
         assert leader is not None and (leader.name, leader.fence) == ("acl", term.fence)
     client.close()
+
+
+def test_a_user_narrowed_to_its_prefix_cannot_touch_another_applications_locks(
+    fencelock_server: Server, key: str
+) -> None:
+    """docs/security.md "Isolating applications": ``~fencelock:{billing:*`` instead of
+    ``~fencelock:*`` confines a user to the locks named ``billing:...``."""
+    url = add_user(fencelock_server, "billing", "resetkeys", "~fencelock:{billing:*")
+    with fencelock.Lock(url, f"billing:{key}", ttl=5).hold(wait=1) as lease:
+        assert lease.fence > 0
+    other = fencelock.Lock(fencelock_server.url, f"search:{key}", ttl=30).acquire(wait=1)
+    with pytest.raises(Unavailable) as info:
+        fencelock.Lock(url, f"search:{key}", ttl=5).acquire(wait=0)
+    assert ACL_HINT in str(info.value)
+    with (
+        fencelock_server.client(username="billing", password=PASSWORD) as client,
+        pytest.raises(redis.exceptions.NoPermissionError),
+    ):
+        client.delete(f"fencelock:{{search:{key}}}")
+    other.release()

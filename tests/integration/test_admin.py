@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from fencelock import ConfigError, Lock, LockLost, admin
-from fencelock.servers import Server, ServerGroup
+from fencelock.testing import Server, ServerGroup
 
 BASE = 1_800_000_000_000_000  # fences look like server TIME in microseconds
 STATUS_FIELDS = {"server", "held", "token_prefix", "ttl_s", "holder", "fence", "error"}

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from fencelock import bench
+from fencelock.cli import bench
 
 FIELDS = {
     "single": (
@@ -22,8 +22,19 @@ FIELDS = {
         # v0.2
         "per_key_ratio_to_baseline",
         "server_cpu_ratio",
+        # v0.3
+        "server_commands_per_op",
+        "baseline_server_commands_per_op",
+        "bytes_per_held_lock",
     ),
-    "redlock": ("servers", "p50_us", "p99_us", "single_p50_us", "ratio_p50_to_single"),
+    "redlock": (
+        "servers",
+        "p50_us",
+        "p99_us",
+        "single_p50_us",
+        "ratio_p50_to_single",
+        "ratio_p50_to_raw_single",  # v0.3
+    ),
     "handoff": (
         "workers",
         "p50_us",
@@ -38,6 +49,7 @@ FIELDS = {
         "baseline_ops_per_s",
         "ratio_to_baseline",
         "per_key_ratio_to_baseline",  # v0.2
+        "one_task_ratio_to_baseline",  # v0.3
     ),
     # v0.2
     "faults": (
@@ -65,6 +77,8 @@ FIELDS = {
         "reentrant_ratio_to_lock",
         "multilock_2_ratio_to_lock",
     ),
+    # issue 26: a new process's `fencelock run --key K -- true` (median wall time, s)
+    "cli": ("run_true_s", "runs"),
 }
 
 
@@ -103,13 +117,31 @@ def test_bench_json_has_every_field_as_a_positive_number(
     assert single["server_cpu_ratio"] == pytest.approx(
         single["server_cpu_us_per_op"] / single["baseline_server_cpu_us_per_op"]
     )
+    # server commands per acquire+release: counted by name (the scripts' own calls included),
+    # at least the baseline's SET + EVALSHA (+ its GET and DEL)
+    assert single["server_commands_per_op"] == sum(single["server_commands_by_name"].values())
+    assert single["server_commands_by_name"]["evalsha"] == 2  # one round trip each way
+    assert single["server_commands_per_op"] >= single["baseline_server_commands_per_op"] >= 2
+    # which path each operation took (the Lua scripts today), and what the server could offer
+    natives = result["native_commands"]
+    assert {natives[op] for op in ("acquire", "extend", "release")} == {"script"}, natives
+    assert isinstance(natives["server_has"], list)
+    if result["env"]["engine"] == "valkey":  # Valkey 8.1 has SET ... IFEQ
+        assert "SET IFEQ" in natives["server_has"], natives
+    assert result["redlock"]["raw_single_p50_us"] == single["baseline_p50_us"]
     # every worker got the lock at least once, and a release leaves only the fence register
     assert all(count > 0 for count in result["handoff"]["per_worker"])
+    # v0.3: one server hands the lock over in its release, so a woken waiter holds it with
+    # the wake-up's reply (BLMOVE) and runs no round of its own (1 per plain wake-up)
+    for figures in (result["handoff"], result["handoff"]["threads"]):
+        assert figures["woken_acquisitions"] > 0, figures
+        assert figures["claim_rtts"] == 0.0, figures
     # the human table has a line for each v0.2 figure
     text = bench._human(result)
     for label in (
         "single: new Lock per cycle ops/s",
         "single: server CPU us/op",
+        "single: server commands/op",
         "async: new Lock per cycle ops/s",
         "release -> other worker p50 us",
         "1 hung (SIGSTOP)",
@@ -138,8 +170,16 @@ def test_bench_json_has_every_field_as_a_positive_number(
     assert memory["permit_keys_after_release"] == 0
     assert memory["read_keys_after_release"] == 0
     for label in ("semaphore (limit 4): permit", "rwlock: read lease", "rwlock: write lease",
-                  "per held semaphore permit", "per read lease"):  # fmt: skip
+                  "per held semaphore permit", "per read lease",
+                  "per key locked once"):  # fmt: skip
         assert label in text, label
+    # a key locked once costs memory until its fence register's retention ran out, then none:
+    # every register is gone, and what is left per key is allocator noise (well under what a
+    # key cost: the register alone is about 100 B)
+    assert memory["bytes_per_key_used_once"] > 0 and memory["register_bytes"] > 0, memory
+    assert memory["registers_left_after_retention"] == 0, memory
+    assert memory["keys_used_once"] >= 1000 and memory["retention_s"] > 0, memory
+    assert abs(memory["bytes_after_retention"]) < memory["bytes_per_key_used_once"] / 2, memory
 
 
 def test_bench_against_given_servers_leaves_no_keys(

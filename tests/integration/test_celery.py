@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import fencelock
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"

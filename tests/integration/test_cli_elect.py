@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 BOUND = 20.0  # liveness bound (seconds) of every wait, never a speed assertion
 GRACE = 0.5

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 DEADLINE = 30.0  # generous: the machine is shared
 SH = "/bin/sh"
@@ -36,6 +36,7 @@ import os, sys
 from pathlib import Path
 import fencelock
 import fencelock.cli as cli
+import fencelock.cli.run as cli_run
 
 point, signum, fired = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 
@@ -50,7 +51,7 @@ def signal_after(method):
 if point == "acquire":
     class SignalledLock(fencelock.Lock):
         acquire = signal_after(fencelock.Lock.acquire)
-    cli.Lock = SignalledLock
+    cli_run.Lock = SignalledLock
 elif point == "keep_alive":
     fencelock.Lease.keep_alive = signal_after(fencelock.Lease.keep_alive)
 else:

@@ -12,7 +12,7 @@ import pytest
 import fencelock
 import fencelock.asyncio
 from fencelock import ConfigError, LockLost, NotAcquired, Unavailable, admin, current_lease, locked
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 
 @pytest.fixture(params=[1, 3], ids=["1-server", "3-servers"])

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fencelock.demo import Entry, _use_colour, render_table
+from fencelock.cli.demo import Entry, _use_colour, render_table
 
 NAMES = [
     "last-item-in-stock",

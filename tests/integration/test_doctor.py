@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from fencelock import cli
-from fencelock.doctor import ACL_SETUSER, DEFAULT_TIMEOUT, Report, diagnose
-from fencelock.pytest_plugin import ServerGroupFactory
-from fencelock.servers import Server, refused_url
+from fencelock.cli.doctor import ACL_SETUSER, DEFAULT_TIMEOUT, Report, diagnose
+from fencelock.testing import Server, refused_url
+from fencelock.testing.pytest_plugin import ServerGroupFactory
 
 SERVER_FIELDS = {
     "server", "engine", "version", "role", "maxmemory_policy", "appendonly", "appendfsync",
@@ -103,6 +103,7 @@ def test_a_replica_given_as_a_node_fails_and_names_its_primary(
 ) -> None:
     primary, replica = fencelock_servers(2, persistence="aof-always")
     with replica.client() as client:
+        client.config_set("masterauth", primary.password)
         client.execute_command("REPLICAOF", primary.host, primary.port)
     report = diagnose([primary.url, replica.url])
     assert report["servers"][1]["role"] == "slave"

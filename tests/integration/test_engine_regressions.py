@@ -32,9 +32,9 @@ import fencelock
 import fencelock.asyncio as fasync
 from fencelock import FencelockError, LockLost, Unavailable
 from fencelock._core.keys import lock_keys
-from fencelock.chaos.proxy import Proxy
-from fencelock.pytest_plugin import ServerGroupFactory
-from fencelock.servers import ServerGroup
+from fencelock.testing import ServerGroup
+from fencelock.testing.proxy import Proxy
+from fencelock.testing.pytest_plugin import ServerGroupFactory
 
 POLL_S = 0.002  # how often a test samples a lease's state
 
@@ -71,7 +71,7 @@ def proxied(fencelock_servers: ServerGroupFactory) -> Iterator[Callable[[int], P
         topo = Proxied(fencelock_servers(n))
         made.append(topo)
         for server in topo.group:
-            topo.proxies.append(Proxy(server.host, server.port).start())
+            topo.proxies.append(Proxy(server.host, server.port, password=server.password).start())
         return topo
 
     yield make

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from api import our_keys
+from api import FENCE_KEPT, our_keys
 
 import fencelock
 import fencelock.asyncio as fasync
@@ -94,7 +94,7 @@ def test_threads_are_granted_in_arrival_order_with_growing_fences(
     assert [i for i, _ in grants] == list(range(WAITERS))
     fences = [first.fence] + [fence for _, fence in grants]
     assert fences == sorted(set(fences))
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 @pytest.mark.parametrize("n", TOPOLOGIES)
@@ -134,7 +134,7 @@ def test_concurrent_arrivals_never_overlap_nor_deadlock(topologies: Any, key: st
     assert not problems
     assert len(fences) == 24
     assert fences == sorted(set(fences))
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 @pytest.mark.parametrize("n", TOPOLOGIES)
@@ -168,7 +168,7 @@ def test_asyncio_tasks_are_granted_in_arrival_order(topologies: Any, key: str, n
             return order
 
     assert asyncio.run(main()) == list(range(WAITERS))
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 @pytest.mark.parametrize("n", TOPOLOGIES)
@@ -190,7 +190,7 @@ def test_a_waiter_whose_wait_ran_out_leaves_no_entry(topologies: Any, key: str, 
         ":fair:beats",
     }
     holder.release()
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 @pytest.mark.parametrize("n", TOPOLOGIES)
@@ -222,7 +222,7 @@ def test_a_cancelled_async_waiter_leaves_no_entry_at_any_await(
             await holder.release()
 
     asyncio.run(main())
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 @pytest.mark.parametrize("n", TOPOLOGIES)
@@ -252,7 +252,7 @@ def test_nobody_barges_past_a_queued_waiter(topologies: Any, key: str, n: int) -
     lease = lock.try_acquire()
     assert lease is not None
     lease.release()
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 @pytest.mark.parametrize("n", TOPOLOGIES)
@@ -270,7 +270,7 @@ def test_a_fair_lease_is_an_ordinary_lease(topologies: Any, key: str, n: int) ->
     with pytest.raises(fencelock.LockLost):
         lease.extend()  # released: no longer ours
     other.release()
-    assert leftovers(servers, key) == [{":fence": -1}] * n
+    assert leftovers(servers, key) == [{":fence": FENCE_KEPT}] * n
 
 
 def test_a_reentrant_fair_lock_reenters_without_queueing(topologies: Any, key: str) -> None:
@@ -278,7 +278,7 @@ def test_a_reentrant_fair_lock_reenters_without_queueing(topologies: Any, key: s
     lock = fencelock.Lock(urls, key, ttl=10.0, fair=True, reentrant=True)
     with lock.hold(wait=5) as outer, lock.hold(wait=0) as inner:
         assert (inner.token, inner.fence) == (outer.token, outer.fence)
-    assert our_keys(clients(urls)[0], key) == {":fence": -1}
+    assert our_keys(clients(urls)[0], key) == {":fence": FENCE_KEPT}
 
 
 @pytest.mark.parametrize(

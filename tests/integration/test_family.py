@@ -15,13 +15,13 @@ import time
 from typing import Any
 
 import pytest
-from api import front, our_keys  # noqa: F401
+from api import FENCE_KEPT, front, our_keys  # noqa: F401
 from family_api import Make, make  # noqa: F401
 
 import fencelock
 import fencelock.asyncio as fasync
 from fencelock import ConfigError, FencelockError, LockLost, NotAcquired
-from fencelock._reentry import MAX_DEPTH
+from fencelock._frontend.reentry import MAX_DEPTH
 
 TOPOLOGIES = [pytest.param(1, id="n1"), pytest.param(3, id="n3")]
 JOIN_S = 60.0  # liveness bound for worker threads (never a speed assertion)
@@ -135,7 +135,10 @@ def test_a_permit_is_a_lease_with_a_slot_and_nothing_is_left_after_release(
     third.release()
     for server in topologies.group(n).servers:
         left = our_keys(server.client(), key)
-        assert left.pop(":fence") == -1  # the register is kept, without a TTL
+        assert left.pop(":fence") == FENCE_KEPT  # the register is kept for its retention
+        # the limit is kept as long as the longest lease granted (a Semaphore of another
+        # limit on the name is refused meanwhile)
+        assert 0 < left.pop(":limit") <= 10_000
         # no slot is held; what is left are wait signals that expire by themselves
         assert not any(name.endswith(("0", "1", ":holder")) for name in left), left
         assert all(0 < pttl <= 6000 for pttl in left.values()), left
@@ -314,7 +317,7 @@ def test_an_explicit_owner_reenters_from_another_thread(topologies: Any, key: st
 def test_reentering_past_the_depth_limit_is_refused(
     topologies: Any, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("fencelock._reentry.MAX_DEPTH", 3)
+    monkeypatch.setattr("fencelock._frontend.reentry.MAX_DEPTH", 3)
     lock = fencelock.Lock(topologies.urls(1), key, reentrant=True)
     held = [lock.acquire(wait=0) for _ in range(3)]
     with pytest.raises(FencelockError, match="re-entered"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
+import pickle
 import random
 import threading
 import uuid
@@ -25,9 +26,10 @@ from fencelock.fence import (
     ApplyRefused,
     AsyncRedisFence,
     BelowFloor,
+    EqualFence,
     RedisFence,
 )
-from fencelock.servers import Server, free_port
+from fencelock.testing import Server, free_port
 
 BASE = 1_800_000_000_000_000  # fences look like server TIME in microseconds
 
@@ -78,6 +80,153 @@ def test_older_fence_is_refused_and_changes_nothing(store: RedisFence) -> None:
     )
     assert store.read(r) == (b"new holder", BASE + 34)
     assert raw_hash(store, r) == before
+
+
+def test_an_equal_fence_from_another_lease_is_refused(store: RedisFence) -> None:
+    """Two grants that shared a fence: the second lease to write is refused, not accepted
+    after the first (issue 23, finding 1); the same lease may write again."""
+    r, new, stale = rid(), "new-holder-token", "stale-holder-token"
+    store.write(r, BASE, b"new holder", token=new)
+    before = raw_hash(store, r)
+    for call in (
+        lambda: store.write(r, BASE, b"stale holder", token=stale),
+        lambda: store.write(r, BASE, b"stale holder, no token"),
+        lambda: store.advance(r, BASE, token=stale),
+        lambda: store.advance(r, BASE),
+        lambda: store.apply(r, BASE, "incrby", 1, token=stale),
+        lambda: store.delete(r, BASE, token=stale),
+    ):
+        with pytest.raises(EqualFence) as info:
+            call()
+        assert isinstance(info.value, StaleFence)
+        assert (info.value.resource, info.value.offered, info.value.current) == (r, BASE, BASE)
+        assert "another lease" in str(info.value)
+        assert raw_hash(store, r) == before  # nothing changed
+    store.write(r, BASE, b"new holder again", token=new)  # the same lease: accepted
+    assert store.advance(r, BASE, token=new) == BASE
+    assert store.read(r) == (b"new holder again", BASE)
+    store.write(r, BASE + 1, b"next lease", token=stale)  # a newer fence: any token
+    assert store.read(r) == (b"next lease", BASE + 1)
+
+
+def test_equal_fence_is_a_stale_fence_that_survives_pickling() -> None:
+    exc = EqualFence("orders:42", BASE, BASE)
+    copy = pickle.loads(pickle.dumps(exc))
+    assert type(copy) is EqualFence and isinstance(copy, StaleFence)
+    assert (copy.resource, copy.offered, copy.current) == ("orders:42", BASE, BASE)
+    assert str(copy) == str(exc) and "another lease" in str(copy)
+
+
+def test_a_fence_stored_without_a_token_refuses_a_token_and_vice_versa(store: RedisFence) -> None:
+    untokened, tokened = rid(), rid()
+    store.write(untokened, BASE, b"no token")
+    store.write(untokened, BASE, b"no token, again")  # both sides without: the old rule
+    with pytest.raises(EqualFence):
+        store.write(untokened, BASE, b"a lease with a token", token="t")
+    store.write(tokened, BASE, b"with a token", token="t")
+    with pytest.raises(EqualFence):
+        store.write(tokened, BASE, b"no token")
+    store.write(tokened, BASE + 1, b"newer, no token")  # the token is cleared
+    assert b"token" not in raw_hash(store, tokened)
+    store.write(tokened, BASE + 1, b"newer, no token, again")
+    assert store.read(tokened) == (b"newer, no token, again", BASE + 1)
+
+
+def test_racing_leases_with_shared_fences_one_lease_per_fence(store: RedisFence) -> None:
+    """8 threads, each a lease of its own (token), offering fences from a small range so that
+    several leases offer the same fence: for every fence, the guard accepted one lease only,
+    and the final state is the last write of the highest fence's lease."""
+    r, writers, per_writer = rid(), 8, 120
+    accepted: list[list[tuple[int, str]]] = [[] for _ in range(writers)]
+    refused: list[list[tuple[int, int, bool]]] = [[] for _ in range(writers)]
+    start = threading.Barrier(writers, timeout=30)
+
+    def run(w: int) -> None:
+        rng, token = random.Random(300 + w), f"lease-{w}"
+        start.wait()
+        for i in range(per_writer):
+            offered = BASE + rng.randrange(40)
+            try:
+                store.write(r, offered, f"{token}:{i}", token=token)
+            except StaleFence as exc:
+                refused[w].append((offered, exc.current, isinstance(exc, EqualFence)))
+            else:
+                accepted[w].append((offered, token))
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    leases_per_fence: dict[int, set[str]] = {}
+    for chunk in accepted:
+        for offered, token in chunk:
+            leases_per_fence.setdefault(offered, set()).add(token)
+    assert leases_per_fence and all(len(t) == 1 for t in leases_per_fence.values())
+    equal_refusals = [x for chunk in refused for x in chunk if x[2]]
+    assert equal_refusals, "the small fence range should have made leases share fences"
+    assert all(offered == current for offered, current, _ in equal_refusals)
+    assert all(offered < current for chunk in refused for offered, current, eq in chunk if not eq)
+    value, fence = store.read(r)
+    assert fence == max(leases_per_fence)
+    (winner,) = leases_per_fence[fence]
+    assert value is not None and value.decode().startswith(winner + ":")
+
+
+def test_fences_near_2_pow_53_and_2_pow_63_are_exact_everywhere(store: RedisFence) -> None:
+    """Around 2^53 neighbouring integers are one double: a float comparison would call them
+    equal (and accept or refuse the wrong one). Every script compares them exactly."""
+    for low, high in ((2**53, 2**53 + 1), (2**53 - 1, 2**53), (2**63 - 2, 2**63 - 1)):
+        w, a, p, d = rid(), rid(), rid(), rid()
+        store.write(w, high, b"high", token="x")
+        with pytest.raises(StaleFence) as info:
+            store.write(w, low, b"low", token="x")
+        assert not isinstance(info.value, EqualFence)
+        assert (info.value.offered, info.value.current) == (low, high)
+        assert store.read(w) == (b"high", high)
+        assert store.advance(a, low, token="x") == low
+        assert store.advance(a, high, token="y") == high
+        with pytest.raises(StaleFence):
+            store.advance(a, low, token="y")
+        assert store.read(a) == (None, high)
+        assert store.apply(p, low, "incrby", 1, token="x") == 1
+        assert store.apply(p, high, "incrby", 1, token="y") == 2
+        with pytest.raises(StaleFence):
+            store.apply(p, low, "incrby", 1, token="y")
+        assert store.read(p) == (b"2", high)
+        store.delete(d, high, token="x")
+        with pytest.raises(StaleFence):
+            store.delete(d, low, token="x")
+        assert store.read(d) == (None, high)
+        assert raw_hash(store, w)[b"fence"] == str(high).encode()
+
+
+def test_delete_leaves_a_tombstone_that_refuses_older_fences(store: RedisFence) -> None:
+    """The newer holder deletes; the stale holder can neither write the value back nor
+    re-create it (issue 21, item 24)."""
+    r = rid()
+    store.write(r, BASE + 1, b"stale holder's write", token="a")
+    store.delete(r, BASE + 2, token="b")  # the newer holder deletes
+    assert store.read(r) == (None, BASE + 2)
+    assert raw_hash(store, r) == {b"fence": str(BASE + 2).encode(), b"token": b"b"}
+    with pytest.raises(StaleFence) as info:
+        store.write(r, BASE + 1, b"re-created by the stale holder", token="a")
+    assert (info.value.offered, info.value.current) == (BASE + 1, BASE + 2)
+    with pytest.raises(StaleFence):
+        store.apply(r, BASE + 1, "incrby", 1, token="a")
+    assert store.read(r) == (None, BASE + 2)
+    store.delete(r, BASE + 2, token="b")  # deleting again: the same lease, no change
+    with pytest.raises(StaleFence):
+        store.delete(r, BASE + 1, token="a")  # a stale delete changes nothing either
+    store.write(r, BASE + 3, b"a newer holder re-creates it", token="c")
+    assert store.read(r) == (b"a newer holder re-creates it", BASE + 3)
+    with pytest.raises(StaleFence):
+        store.delete(r, BASE + 2, token="b")
+    assert store.read(r) == (b"a newer holder re-creates it", BASE + 3)
+    never = rid()
+    store.delete(never, BASE, token="a")  # deleting what was never written records the fence
+    assert store.read(never) == (None, BASE)
 
 
 def test_values_are_stored_as_bytes(store: RedisFence) -> None:
@@ -209,6 +358,38 @@ def test_custom_prefix_and_a_decoding_client(fencelock_session_server: Server) -
     user_client.close()
 
 
+def test_calls_without_a_token_need_no_command_the_guard_did_not_need_before(
+    fencelock_server: Server,
+) -> None:
+    """A data-server user limited to what the guard's scripts called before tokens (HGET, HSET;
+    HMGET for read) can still write, advance and apply without a token; only ``delete`` and
+    replacing a stored token need HDEL."""
+    name, password = f"guard-{uuid.uuid4().hex[:8]}", "pw-guard"
+    admin = fencelock_server.client()
+    admin.execute_command(
+        "ACL", "SETUSER", name, "on", f">{password}", "resetkeys", "~fencelock:res:*",
+        "-@all", "+eval", "+evalsha", "+hget", "+hset", "+hmget",
+    )  # fmt: skip
+    url = f"redis://{name}:{password}@{fencelock_server.host}:{fencelock_server.port}/0"
+    r = rid()
+    try:
+        with RedisFence(url) as limited:
+            limited.write(r, BASE, b"a")
+            limited.write(r, BASE, b"b")
+            assert limited.advance(r, BASE + 1) == BASE + 1
+            assert limited.apply(f"{r}:n", BASE, "incrby", 2) == 2
+            limited.write(r, BASE + 2, b"c", token="t")
+            limited.write(r, BASE + 2, b"d", token="t")
+            assert limited.read(r) == (b"d", BASE + 2)
+            with pytest.raises(redis.exceptions.ResponseError) as info:  # the ACL, in a script
+                limited.delete(r, BASE + 3, token="t")
+            assert "hdel" in str(info.value).lower() or "can't run" in str(info.value)
+            assert limited.read(r) == (b"d", BASE + 2)
+    finally:
+        admin.execute_command("ACL", "DELUSER", name)
+        admin.close()
+
+
 # --- concurrency -------------------------------------------------------------------------------
 
 
@@ -329,6 +510,25 @@ def test_async_main_cases(fencelock_session_server: Server) -> None:
             with pytest.raises(BelowFloor):
                 await fence.apply(stock, BASE + 1, "decrby", 1, min_value=0)
             assert await fence.read(stock) == (b"0", BASE)
+            t = rid()
+            await fence.write(t, BASE, b"new", token="b")
+            with pytest.raises(EqualFence):
+                await fence.write(t, BASE, b"stale", token="a")
+            with pytest.raises(EqualFence):
+                await fence.advance(t, BASE, token="a")
+            with pytest.raises(EqualFence):
+                await fence.apply(t, BASE, "incrby", 1, token="a")
+            with pytest.raises(EqualFence):
+                await fence.delete(t, BASE, token="a")
+            await fence.write(t, BASE, b"new again", token="b")
+            await fence.delete(t, BASE + 1, token="c")
+            assert await fence.read(t) == (None, BASE + 1)
+            with pytest.raises(StaleFence):
+                await fence.write(t, BASE, b"re-created", token="b")
+            await fence.write(t, 2**63 - 1, b"top", token="d")
+            with pytest.raises(StaleFence):
+                await fence.write(t, 2**63 - 2, b"one below", token="d")
+            assert await fence.read(t) == (b"top", 2**63 - 1)
 
     asyncio.run(main())
 
@@ -390,6 +590,13 @@ BAD_CALLS: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = [
     ("apply huge amount", "apply", ("r", 1, "incrby", 2**53), {}),
     ("apply str floor", "apply", ("r", 1, "decrby", 1), {"min_value": "0"}),
     ("apply bad fence", "apply", ("r", -1, "decrby", 1), {}),
+    ("token empty", "write", ("r", 1, b"v"), {"token": ""}),
+    ("token bytes", "write", ("r", 1, b"v"), {"token": b"t"}),
+    ("token int", "advance", ("r", 1), {"token": 5}),
+    ("token too long", "apply", ("r", 1, "incrby", 1), {"token": "t" * 256}),
+    ("delete negative", "delete", ("r", -1), {}),
+    ("delete empty", "delete", ("", 1), {}),
+    ("delete bad token", "delete", ("r", 1), {"token": ""}),
 ]
 
 

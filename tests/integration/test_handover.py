@@ -28,7 +28,7 @@ from fencelock._scripts import ACQUIRE
 from fencelock._sync.connection import Connection
 from fencelock._sync.driver import Driver
 from fencelock.admin import status
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 TTL = 10.0  # far longer than any check here: a grant that leaked would show as a long wait
 LIVENESS = 3.0  # a bound on a call that must not hang (not a speed assertion)

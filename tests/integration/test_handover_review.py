@@ -19,8 +19,8 @@ from fencelock._core.effects import Pause
 from fencelock._core.keys import lock_keys
 from fencelock._engine.address import from_url
 from fencelock._engine.registry import server_for_address
-from fencelock.chaos.proxy import Proxy
-from fencelock.servers import Server
+from fencelock.testing import Server
+from fencelock.testing.proxy import Proxy
 
 TTL = 10.0
 LIVENESS = 3.0
@@ -196,7 +196,9 @@ def test_a_waiter_refused_by_a_grant_awaiting_its_claim_comes_back_after_the_win
     url = fencelock_server.url
     client = fencelock_server.client()
     name = "refused-by-pending"
-    proxy = Proxy(fencelock_server.host, fencelock_server.port).start()
+    proxy = Proxy(
+        fencelock_server.host, fencelock_server.port, password=fencelock_server.password
+    ).start()
     try:
         far = Lock(proxy.url, name, ttl=TTL)
         holder = Lock(url, name, ttl=TTL).acquire()

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("sqlalchemy")
 
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "batch_email.py"
 

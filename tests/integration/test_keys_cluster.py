@@ -14,7 +14,7 @@ import redis
 
 from fencelock import Lock
 from fencelock._core.keys import lock_keys
-from fencelock.servers import Server, free_port
+from fencelock.testing import Server, free_port
 
 NAMES = ["orders:42", "}abc", "{abc", "abc}", "{}", "a{b}c", "}{", "%7D", "{%7D}", "x}y{z}"]
 

@@ -23,8 +23,8 @@ from fencelock._core.quorum import Outcome, Tally
 from fencelock._core.replies import classify_release
 from fencelock._sync import driver as sync_driver
 from fencelock._sync.background import Background
-from fencelock.pytest_plugin import ServerGroupFactory
-from fencelock.servers import Server
+from fencelock.testing import Server
+from fencelock.testing.pytest_plugin import ServerGroupFactory
 
 
 @pytest.fixture
@@ -71,20 +71,25 @@ def test_a_lean_round_runs_a_flushed_script_in_full(
         admin.close()
 
 
-def test_a_lean_round_retries_a_dead_reused_connection_once_on_a_new_one(
+def test_a_lean_round_does_not_resend_on_a_dead_reused_connection(
     fencelock_server: Server, key: str, widened: list[int]
 ) -> None:
     # every idle connection counts as recent (see ``widened``): the lean round takes the one
-    # the restart killed
-    lock = fencelock.Lock(fencelock_server.url, key, ttl=5.0)
+    # the restart killed. Its request was written before the connection was found dead, so
+    # the server may have run it (which a reset after the run looks like too): it is never
+    # sent again (DESIGN v0.3, issue 21 item 16); the vote is a failure (the outcome
+    # unknown, cleaned up by token), and a later call goes on a new connection
+    lock = fencelock.Lock(fencelock_server.url, key, ttl=5.0, server_timeout=0.3)
     try:
         warm(lock)
         fencelock_server.restart()
         started = time.monotonic()
-        lease = lock.acquire(wait=0)
+        with pytest.raises(fencelock.Unavailable):
+            lock.acquire(wait=0)
         assert time.monotonic() - started < 0.5
-        lease.release()
         assert widened, "the dead connection was not met by a lean round"
+        lease = lock.acquire(wait=5.0)  # once the server is no longer suspect
+        lease.release()
         warm(lock)
     finally:
         lock.close()
@@ -138,9 +143,11 @@ def test_a_decided_rounds_stragglers_are_read_by_the_next_round_not_the_backgrou
         # round 1 stops at its first answer; the other two answer while the flow goes on
         yield Broadcast(
             plan.wiring.release, (0, 1, 2), plan.release_keys, ("not-ours", 1, 1),
-            classify_release, lambda tally: len(tally.votes) >= 1, 1.0, first,
+            classify_release, lambda tally: len(tally.votes) >= 1, 5.0, first,
         )  # fmt: skip
-        until = (yield NOW) + 0.3
+        # long enough for the busy servers to answer on a loaded machine (~50 ms when idle),
+        # well inside round 1's 5 s: their replies wait in the sockets for the next round
+        until = (yield NOW) + 1.5
         while (yield NOW) < until:
             pass
         # round 2 goes to the server that answered (as a fence commit goes to the granting

@@ -20,8 +20,9 @@ from opentelemetry.trace import StatusCode
 
 import fencelock
 import fencelock.asyncio
-from fencelock import NotAcquired, Unavailable, _hooks, admin
-from fencelock._definition import UNSET
+from fencelock import NotAcquired, Unavailable, admin
+from fencelock._frontend import hooks as _hooks
+from fencelock._frontend.definition import UNSET
 from fencelock.integrations import otel
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from fencelock.chaos.proxy import Proxy
-from fencelock.servers import Server
+from fencelock.testing import Server
+from fencelock.testing.proxy import Proxy
 
 BOUND = 10.0  # liveness bound (s)
 PING = b"*1\r\n$4\r\nPING\r\n"
@@ -29,9 +29,20 @@ def test_stopping_a_proxy_with_a_request_in_flight_leaves_no_pending_task(
     previous = sys.unraisablehook
     sys.unraisablehook = seen.append
     try:
-        proxy = Proxy(fencelock_server.host, fencelock_server.port, name=f"stop-{mode}").start()
+        proxy = Proxy(
+            fencelock_server.host,
+            fencelock_server.port,
+            name=f"stop-{mode}",
+            password=fencelock_server.password,
+        ).start()
         client = socket.create_connection((proxy.host, proxy.port), timeout=BOUND)
         try:
+            password = fencelock_server.password
+            assert password is not None
+            client.sendall(
+                b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password), password.encode())
+            )
+            assert client.recv(64) == b"+OK\r\n"  # AUTH passes through the proxy
             client.sendall(PING)
             assert client.recv(64) == b"+PONG\r\n"  # both pipes up
             {"pass": proxy.pass_through, "hold": proxy.hold, "blackhole": proxy.blackhole,

@@ -15,7 +15,7 @@ import fencelock
 from fencelock import ConfigError, NotAcquired, Unavailable
 from fencelock._core.effects import NotSent
 from fencelock._core.keys import lock_keys
-from fencelock.servers import ServerGroup
+from fencelock.testing import ServerGroup
 
 OTHER = "another-holders-token"
 
@@ -191,10 +191,10 @@ def test_one_paused_server_does_not_stall(
 def test_majority_grant_fails_when_the_round_outlives_the_lease(
     topologies: Any, make_lock: LockFactory, key: str, n: int
 ) -> None:
-    """Validity = ttl - elapsed - drift: with the drift taking all but 0.1 ms of the lease, any
+    """Validity = ttl - elapsed - drift: with the drift taking all but 1 ns of the lease, any
     real round is too slow, so even a full grant must fail (and be cleaned up)."""
     group = topologies.group(n)
-    lock = make_lock(group.urls, key, ttl=1.0, drift_factor=0.0, drift_min=0.9999)
+    lock = make_lock(group.urls, key, ttl=1.0, drift_factor=0.0, drift_min=1.0 - 1e-9)
     with pytest.raises(Unavailable) as info:
         lock.acquire(wait=0)
     err = info.value
@@ -253,8 +253,8 @@ def test_same_server_twice_by_run_id(
     fencelock_servers: Any, make_lock: LockFactory, key: str
 ) -> None:
     group = fencelock_servers(2)
-    port = group.servers[0].port
-    urls = [f"redis://localhost:{port}/0", f"redis://127.0.0.1:{port}/0", group.urls[1]]
+    first = group.servers[0]
+    urls = [first.url.replace("@127.0.0.1:", "@localhost:"), first.url, group.urls[1]]
     lock = make_lock(urls, key, ttl=5)
     for _ in range(2):  # refused every time, not only the first
         with pytest.raises(ConfigError) as info:
@@ -269,6 +269,7 @@ def test_same_server_twice_by_run_id(
 def test_replica_as_a_node(fencelock_servers: Any, make_lock: LockFactory, key: str) -> None:
     group = fencelock_servers(4)
     master, replica = group.servers[0], group.servers[1]
+    replica.client().config_set("masterauth", master.password)
     replica.client().replicaof(master.host, master.port)
     lock = make_lock([replica.url, group.urls[2], group.urls[3]], key, ttl=5)
     with pytest.raises(ConfigError) as info:
@@ -308,8 +309,8 @@ def test_independence_is_checked_once_an_unreachable_server_is_back(
     """A server down at the first acquire cannot be checked then; it must be checked when it
     answers again, not skipped for good (else one server listed twice votes twice)."""
     group = fencelock_servers(2)
-    port = group.servers[0].port
-    urls = [f"redis://localhost:{port}/0", f"redis://127.0.0.1:{port}/0", group.urls[1]]
+    first = group.servers[0]
+    urls = [first.url.replace("@127.0.0.1:", "@localhost:"), first.url, group.urls[1]]
     lock = make_lock(urls, key, ttl=5, server_timeout=0.2)
     group.servers[0].kill()
     with pytest.raises(Unavailable):

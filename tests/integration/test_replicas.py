@@ -5,6 +5,7 @@ the primary's vote an outage, and what was written there is released."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 
 import fencelock
-from fencelock.servers import ReplicaSet
+from fencelock._core.keys import lock_keys
+from fencelock.testing import ReplicaSet
 
 aio = pytest.importorskip("fencelock.asyncio")
 
@@ -161,3 +163,93 @@ def test_a_semaphore_an_rwlock_and_a_fair_lock_of_a_replicas_client_wait_for_the
             rw.acquire_write(wait=0)
         with pytest.raises(fencelock.Unavailable, match="replica"):
             fair.acquire(wait=0)
+
+
+def _waits(topology: ReplicaSet) -> int:
+    """How many WAIT commands the primary has run."""
+    conn = topology.first_primary.client()
+    try:
+        return int(conn.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+    finally:
+        conn.close()
+
+
+def _leader_on_replica(topology: ReplicaSet, key: str) -> object:
+    replica = topology.replicas[0].client()
+    try:
+        raw = replica.get(lock_keys(key).holder)
+    finally:
+        replica.close()
+    return None if raw is None else json.loads(raw).get("leader")
+
+
+def test_an_election_names_its_leader_on_the_replicas_before_the_campaign_returns(
+    healthy: ReplicaSet, key: str
+) -> None:
+    """With replicas=1 the announcement (the leader's name beside the term) is followed by
+    WAIT as the grant is: a failover keeps the name with the term."""
+    election = fencelock.Client(healthy.first_primary.url, ttl=10, replicas=1).election(
+        key, name="replicated"
+    )
+    with election.campaign(wait=BOUND_S):
+        pass  # the scripts are loaded: no NOSCRIPT repeat below (it would WAIT again)
+    before = _waits(healthy)
+    with election.campaign(wait=BOUND_S):
+        assert _waits(healthy) - before == 2  # the grant's WAIT and the announcement's
+        assert _leader_on_replica(healthy, key) == "replicated"
+
+
+def test_an_asyncio_election_names_its_leader_on_the_replicas_too(
+    healthy: ReplicaSet, key: str
+) -> None:
+    async def main() -> None:
+        client = aio.Client(healthy.first_primary.url, ttl=10, replicas=1)
+        election = client.election(key, name="replicated-aio")
+        async with election.campaign(wait=BOUND_S):
+            pass  # the scripts are loaded: no NOSCRIPT repeat below (it would WAIT again)
+        before = _waits(healthy)
+        async with election.campaign(wait=BOUND_S):
+            assert _waits(healthy) - before == 2
+            assert _leader_on_replica(healthy, key) == "replicated-aio"
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_release_waits_for_the_replica_and_one_it_lacks_is_not_confirmed(
+    healthy: ReplicaSet, key: str
+) -> None:
+    """With replicas=1 a release is followed by WAIT as a grant is: once release() returned,
+    a failover cannot bring the lock back; with the replica paused it is not confirmed."""
+    lock = fencelock.Lock(healthy.first_primary.url, key, ttl=10, replicas=1)
+    lock.acquire(wait=BOUND_S).release()  # the scripts are loaded: no NOSCRIPT repeat below
+    lease = lock.acquire(wait=BOUND_S)
+    before = _waits(healthy)
+    lease.release()
+    assert _waits(healthy) - before == 1
+    replica = healthy.replicas[0].client()
+    try:
+        assert replica.exists(f"fencelock:{{{key}}}") == 0  # WAIT returned: already gone there
+    finally:
+        replica.close()
+    lease = lock.acquire(wait=BOUND_S)
+    healthy.replicas[0].pause()
+    with pytest.raises(fencelock.Unavailable, match="release not confirmed"):
+        lease.release()
+    assert not _lock_key_on(healthy, key)  # deleted on the primary all the same
+
+
+def test_an_asyncio_release_the_replica_lacks_is_not_confirmed(
+    healthy: ReplicaSet, key: str
+) -> None:
+    async def main() -> None:
+        lock = aio.Lock(healthy.first_primary.url, key, ttl=10, replicas=1)
+        try:
+            lease = await lock.acquire(wait=BOUND_S)
+            healthy.replicas[0].pause()
+            with pytest.raises(fencelock.Unavailable, match="release not confirmed"):
+                await lease.release()
+        finally:
+            await lock.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert not _lock_key_on(healthy, key)

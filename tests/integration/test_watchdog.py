@@ -13,7 +13,7 @@ import pytest
 import fencelock.asyncio as flasync
 from fencelock import Lease, Lock, LockLost
 from fencelock._sync import renewal
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 KEY_PREFIX = "fencelock:{"
 

@@ -28,7 +28,7 @@ from fencelock._engine.address import TLS, Address
 from fencelock._engine.handshake import HandshakeError, Identity
 from fencelock._engine.resp import ReplyError, command
 from fencelock._sync.connection import Connection
-from fencelock.servers import Server
+from fencelock.testing import Server
 
 PING = command("PING")
 
@@ -107,11 +107,12 @@ def server(fencelock_server_binary: str, unix_dir: str) -> Iterator[Server]:
 
 
 def tcp(server: Server, **changes: object) -> Address:
-    return replace(Address(host=server.host, port=server.port), **changes)  # type: ignore[arg-type]
+    address = Address(host=server.host, port=server.port, password=server.password)
+    return replace(address, **changes)  # type: ignore[arg-type]
 
 
-def unix(unix_dir: str) -> Address:
-    return Address(path=os.path.join(unix_dir, "s.sock"))
+def unix(unix_dir: str, server: Server) -> Address:
+    return Address(path=os.path.join(unix_dir, "s.sock"), password=server.password)
 
 
 def acl_user(server: Server, name: str, *rules: str) -> None:
@@ -130,7 +131,7 @@ def test_a_request_gets_its_reply_over_tcp(server: Server, roundtrip: Roundtrip)
 def test_a_request_gets_its_reply_over_a_unix_socket(
     server: Server, unix_dir: str, roundtrip: Roundtrip
 ) -> None:
-    replies, identity = roundtrip(unix(unix_dir), command("ECHO", "via unix"), 1)
+    replies, identity = roundtrip(unix(unix_dir, server), command("ECHO", "via unix"), 1)
     assert replies == [b"via unix"]
     assert identity is not None and identity.run_id == server.run_id
 
@@ -219,7 +220,7 @@ def test_the_default_user_authenticates_with_a_password_alone(
     replies, _ = roundtrip(tcp(fencelock_server, password="only-a-password"), PING, 1)
     assert replies == [b"PONG"]
     with pytest.raises(HandshakeError, match="INFO refused: NOAUTH"):
-        roundtrip(tcp(fencelock_server), PING, 1)
+        roundtrip(tcp(fencelock_server, password=None), PING, 1)
 
 
 def test_a_user_not_allowed_info_and_role_has_no_identity_but_works(

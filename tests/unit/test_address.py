@@ -13,8 +13,15 @@ import redis.cluster
 from redis.credentials import UsernamePasswordCredentialProvider
 
 import fencelock
-from fencelock._engine.address import TLS, Address, from_client, from_url, is_client
-from fencelock._plain_clients import describe
+from fencelock._engine.address import (
+    TLS,
+    Address,
+    from_client,
+    from_url,
+    is_client,
+    is_cluster_client,
+)
+from fencelock._engine.plain_clients import describe
 from fencelock.errors import ConfigError
 from fencelock.options import check_url
 
@@ -261,6 +268,24 @@ def test_redis_clients_of_both_kinds_are_clients() -> None:
     assert is_client(redis.asyncio.Redis())
 
 
+def test_a_subclass_of_a_client_defined_elsewhere_is_a_client() -> None:
+    """is_client looks for redis-py / valkey-py among the classes of the object (so that a URL
+    needs neither imported): a user's subclass, defined in the user's module, is found too."""
+
+    class AppRedis(redis.Redis):
+        pass
+
+    class AppCluster(redis.cluster.RedisCluster):
+        def __init__(self) -> None:  # no I/O: only its type is looked at
+            pass
+
+    assert AppRedis.__module__ == __name__
+    assert is_client(AppRedis(host="h", port=7001))
+    assert from_client(AppRedis(host="h", port=7001)) == from_url("redis://h:7001/0")
+    assert is_cluster_client(AppCluster())
+    assert not is_client(AppCluster())
+
+
 # -- Sentinel-managed masters ------------------------------------------------------------------
 
 
@@ -306,3 +331,14 @@ def test_a_sentinel_client_is_read_without_io() -> None:
     replica = redis.sentinel.Sentinel([("127.0.0.1", 1)]).slave_for("svc")
     with pytest.raises(fencelock.ConfigError, match="replica"):
         sentinels_from_client(replica)
+
+
+def test_a_sentinel_url_carries_its_tls_options() -> None:
+    """``doctor``'s tls check reads a Sentinel URL's options as it reads a server URL's."""
+    from fencelock._engine.address import url_tls
+
+    with pytest.warns(fencelock.InsecureTLSWarning):
+        weak = url_tls("rediss+sentinel://h:26379/locks?ssl_cert_reqs=none")
+    assert weak == ("none", False)
+    assert url_tls("rediss+sentinel://h:26379/locks") == ("required", True)
+    assert url_tls("redis+sentinel://h:26379/locks") is None

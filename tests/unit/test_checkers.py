@@ -6,7 +6,7 @@ exists for, and the test asserts that it is reported.
 
 from __future__ import annotations
 
-from fencelock.chaos.checkers import (
+from fencelock.cli.chaos.checkers import (
     LeaseWindow,
     Op,
     check_canary,
@@ -17,7 +17,7 @@ from fencelock.chaos.checkers import (
     lease_windows,
     unfenced_overlaps,
 )
-from fencelock.chaos.report import JSON_FIELDS, ChaosResult, availability
+from fencelock.cli.chaos.report import JSON_FIELDS, ChaosResult, availability
 
 MS = 1_000_000  # ns
 

@@ -106,6 +106,31 @@ def test_an_exception_thrown_in_while_waiting_leaves_the_queue_then_propagates()
         flow.send(None)
 
 
+def test_a_cancelled_wait_ends_with_its_pause_and_leaves_the_queue_before_the_error() -> None:
+    p = plan()
+    cancel = [False]
+    flow = acquire_fair(
+        p, 30.0, new_token=lambda: "c" * 32, holder_info=str, rand=lambda: 0.5,
+        heartbeat_s=3.0, cancelled=lambda: cancel[0],
+    )  # fmt: skip
+    sent: list[Any] = []
+    answer: Any = None
+    with pytest.raises(NotAcquired):
+        while True:
+            effect = flow.send(answer)
+            sent.append(effect)
+            answer = 0.0 if effect is NOW else (None,) if effect is IDENTITIES else None
+            if isinstance(effect, Broadcast):
+                for index in effect.targets:
+                    effect.tally.record(index, *_held(3))
+            elif isinstance(effect, Pause):
+                assert effect.stop is not None and not effect.stop()
+                cancel[0] = True  # set while it waits: the driver ends the pause
+    scripts = [e.script for e in sent if isinstance(e, Broadcast)]
+    assert scripts == ["fair_acquire", "fair_leave"]  # no attempt after the pause
+    assert sum(isinstance(e, Pause) for e in sent) == 1
+
+
 def test_a_grant_is_handed_out_at_once_with_a_token_that_names_the_waiter() -> None:
     """Nothing stands between a grant and its lease (a cancellation there would orphan the
     lock); the waiter's entry goes with the release, which finds it from the token."""

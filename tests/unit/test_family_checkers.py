@@ -6,7 +6,7 @@ Pure logic: no servers, no clock.
 
 from __future__ import annotations
 
-from fencelock.chaos.checkers import (
+from fencelock.cli.chaos.checkers import (
     LeaseWindow,
     Op,
     check_permit_overlap,
@@ -16,7 +16,7 @@ from fencelock.chaos.checkers import (
     lease_windows,
     reader_fence_duplicates,
 )
-from fencelock.chaos.cli import analyse
+from fencelock.cli.chaos.cli import analyse
 
 MS = 1_000_000  # ns
 

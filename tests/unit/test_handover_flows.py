@@ -108,6 +108,7 @@ def test_a_claim_blocks_by_moving_the_element_to_the_claimed_list() -> None:
     assert got.handed == Handed("htok", 42, 10000, 50) and got.woken
     assert got.deadline == pytest.approx(claimed_deadline(plan, got.handed, 100.0))
     assert got.claimed_at == 100.01  # acquired when heard, not when the wait began
+    assert not got.refreshed  # held with the wake-up's reply: no round of its own (bench)
 
 
 def test_a_plain_wake_up_or_nothing_is_no_grant() -> None:
@@ -166,16 +167,37 @@ def test_a_claim_late_in_a_long_wait_is_refreshed_by_one_extend() -> None:
     assert effect.args == ("htok", plan.ttl_ms)
 
 
-def test_a_claim_whose_refresh_is_refused_is_no_grant() -> None:
-    """The refresh extend answered "not ours": the lock key is no longer the handed token
-    (released by an operator, taken over), so the claim must not become a lease."""
-    plan = plan_of(1)
+def _refresh_round(plan: Any) -> tuple[Any, Broadcast]:
+    """A claim whose grant came 4 s into a 5 s wait, up to its refresh extend round (sent)."""
     flow = claim(plan, 5.0, 0, _give_back(plan))
     _start(flow)  # paused at 100.0
     assert flow.send(b"htok 42 10000 50") is NOW
     assert flow.send(104.0) is NOW  # late in a long wait: refreshed
     effect = flow.send(104.0)
     assert isinstance(effect, Broadcast) and effect.script == "extend"
+    return flow, effect
+
+
+def test_a_refreshed_claim_says_it_ran_one_round_after_the_wake() -> None:
+    plan = plan_of(1)
+    flow, effect = _refresh_round(plan)
+    effect.tally.record(0, *effect.classify(1))  # ours: extended
+    try:
+        effect = flow.send(None)
+        while True:
+            assert not isinstance(effect, Broadcast)
+            effect = flow.send(104.01)
+    except StopIteration as stop:
+        got = stop.value
+    assert got.handed == Handed("htok", 42, 10000, 50)
+    assert got.refreshed  # handoff.claim_rtts counts this extend round
+
+
+def test_a_claim_whose_refresh_is_refused_is_no_grant() -> None:
+    """The refresh extend answered "not ours": the lock key is no longer the handed token
+    (released by an operator, taken over), so the claim must not become a lease."""
+    plan = plan_of(1)
+    flow, effect = _refresh_round(plan)
     effect.tally.record(0, *effect.classify(0))  # "not ours"
     assert flow.send(None) is NOW  # the extend's clock
     try:
@@ -191,12 +213,7 @@ def test_a_claim_whose_refresh_ran_out_unconfirmed_is_given_back() -> None:
     """The refresh extend was not answered in time (its PEXPIRE may have landed): the grant
     may still be ours on the server, so it is given back, not left to its ttl."""
     plan = plan_of(1)
-    flow = claim(plan, 5.0, 0, _give_back(plan))
-    _start(flow)  # paused at 100.0
-    assert flow.send(b"htok 42 10000 50") is NOW
-    assert flow.send(104.0) is NOW
-    effect = flow.send(104.0)
-    assert isinstance(effect, Broadcast) and effect.script == "extend"
+    flow, effect = _refresh_round(plan)
     effect.tally.record(0, *effect.classify(TimeoutError("silent")))
     assert flow.send(None) is NOW
     assert flow.send(110.0) is NOW  # the extend came back after the claimed lease ran out

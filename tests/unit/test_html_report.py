@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import re
 
-from fencelock._html import bin_counts, log_edges
-from fencelock.bench import _histogram
-from fencelock.chaos.checkers import (
+from fencelock.cli._html import bin_counts, log_edges
+from fencelock.cli.bench import _histogram
+from fencelock.cli.chaos.checkers import (
     Op,
     check_fenced_register,
     stale_accepted_writes,
     unfenced_overlap_ops,
     unfenced_overlaps,
 )
-from fencelock.chaos.nemesis import Fault, FaultRecord
-from fencelock.chaos.report import ChaosResult, History, html_report
+from fencelock.cli.chaos.nemesis import Fault, FaultRecord
+from fencelock.cli.chaos.report import ChaosResult, History, html_report
 
 MS = 1_000_000
 

@@ -17,7 +17,7 @@ import pytest
 
 import fencelock
 from fencelock import ConfigError, FencelockError
-from fencelock.servers import free_ports
+from fencelock.testing import free_ports
 
 PORT, OTHER_PORT = free_ports(2)  # nothing listens on either
 URL = f"redis://127.0.0.1:{PORT}/0"

@@ -4,8 +4,11 @@ Rules of this module:
 
 - No timeouts inside: the caller bounds time (by cancelling, or by closing the connection).
 - Many tasks share one connection: requests are pipelined and answered in order; a cancelled
-  request keeps its place. A failed connection fails every request waiting on it and is done
-  for (:attr:`AsyncConnection.usable` is False).
+  (or :meth:`~AsyncConnection.forget`-ten) request keeps its place, and one caller giving up
+  never fails the others' requests: the connection is closed only once no request on it is
+  still wanted. A failed connection fails every request waiting on it and is done for
+  (:attr:`AsyncConnection.usable` is False); a request none of which was written fails with
+  :class:`Unsent` (safe to send again), any other with an outcome unknown.
 - A new connection sends the handshake :func:`~fencelock._engine.handshake.prelude` and its
   first request in one write.
 - Error replies come back as :class:`~fencelock._engine.resp.ReplyError` instances in the list;
@@ -31,7 +34,7 @@ from .._engine.address import Address
 from .._engine.handshake import Identity, identity_from, prelude
 from .._engine.resp import INCOMPLETE, Parser, ProtocolError
 
-__all__ = ["AsyncConnection", "OnReplies"]
+__all__ = ["AsyncConnection", "OnReplies", "Unsent"]
 
 #: What :meth:`AsyncConnection.send` calls once: ``(replies, None)`` or ``(None, error)``.
 OnReplies = Callable[[list[object] | None, BaseException | None], None]
@@ -47,6 +50,12 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Unsent(ConnectionAbortedError):
+    """A request failed before any of it was written: the server cannot have read it, so it
+    may be sent again (on another connection). Any other failure of a request leaves its
+    outcome unknown: the server may have run it."""
 
 
 class _Pending:
@@ -96,6 +105,8 @@ class AsyncConnection(asyncio.Protocol):
         self._closed = False
         self._eof = False
         self._fresh = True
+        self._unflushed = 0  # requests at the queue's tail whose bytes are still in _out
+        self._wrote = False
 
     def __repr__(self) -> str:
         state = "usable" if self.usable else "closed"
@@ -122,6 +133,11 @@ class AsyncConnection(asyncio.Protocol):
         return self._fresh
 
     @property
+    def wrote(self) -> bool:
+        """True once any request was written: before that, none can have been read."""
+        return self._wrote
+
+    @property
     def pending(self) -> int:
         """Requests sent (or queued) whose replies have not all arrived."""
         return len(self._queue)
@@ -139,9 +155,7 @@ class AsyncConnection(asyncio.Protocol):
                 :class:`ProtocolError`, or the connection was closed.
         """
         if not self.usable:
-            raise ConnectionAbortedError(
-                errno.ECONNABORTED, f"{self.address.name}: the connection is closed"
-            )
+            raise Unsent(errno.ECONNABORTED, f"{self.address.name}: the connection is closed")
         loop = asyncio.get_running_loop()
         self._loop = loop
         handshake_n = 0
@@ -155,7 +169,9 @@ class AsyncConnection(asyncio.Protocol):
                 except BaseException as exc:
                     self.close()
                     self._connecting.set_exception(
-                        exc if isinstance(exc, Exception) else ConnectionAbortedError()
+                        exc
+                        if isinstance(exc, Exception)
+                        else Unsent(errno.ECONNABORTED, f"{self.address.name}: not connected")
                     )
                     self._connecting.exception()
                     raise
@@ -164,20 +180,24 @@ class AsyncConnection(asyncio.Protocol):
                 await asyncio.shield(self._connecting)
         transport = self._transport
         if transport is None or self._closed or self._eof:
-            raise ConnectionResetError(
-                errno.ECONNRESET, f"{self.address.name}: the connection was lost"
-            )
+            raise Unsent(errno.ECONNRESET, f"{self.address.name}: the connection was lost")
         future: asyncio.Future[list[object]] = loop.create_future()
         entry = _Pending(future, handshake_n + replies, handshake_n)
         if entry.want == 0:
             future.set_result([])
         else:
             self._queue.append(entry)
+            self._unflushed += 1
         self._out += payload
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        result = await future
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            entry.future = None  # its replies are read and dropped
+            self._close_if_unwanted()
+            raise
         if handshake_n:
             try:
                 self.identity = identity_from(
@@ -196,27 +216,43 @@ class AsyncConnection(asyncio.Protocol):
         ``on_done`` is called once, from the event loop, with the replies or the error that
         failed the connection. Nothing is awaited: the caller bounds time (by :meth:`close`).
         On a connection that is not established (or closed meanwhile), ``on_done`` gets a
-        ``ConnectionAbortedError`` at once."""
+        :class:`Unsent` at once."""
         loop = self._loop
         if loop is None or not self.established:
             on_done(
-                None,
-                ConnectionAbortedError(
-                    errno.ECONNABORTED, f"{self.address.name}: the connection is closed"
-                ),
+                None, Unsent(errno.ECONNABORTED, f"{self.address.name}: the connection is closed")
             )
             return
         self._queue.append(_Pending(None, replies, 0, on_done))
+        self._unflushed += 1
         self._out += payload
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
+
+    def forget(self, on_done: OnReplies) -> None:
+        """The caller of :meth:`send` with ``on_done`` gave up: its request keeps its place
+        (its replies are read and dropped), ``on_done`` is not called; the connection is
+        closed once no request on it is still wanted."""
+        for entry in self._queue:
+            if entry.on_done is on_done:
+                entry.on_done = None
+        self._close_if_unwanted()
+
+    def _close_if_unwanted(self) -> None:
+        for entry in self._queue:
+            if entry.on_done is not None or (entry.future is not None and not entry.future.done()):
+                return
+        if self._queue:
+            self.close()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         transport = self._transport
         if transport is not None and self._out and not self._closed:
             transport.write(bytes(self._out))
+            self._wrote = True
+            self._unflushed = 0
         self._out.clear()
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -238,9 +274,16 @@ class AsyncConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _fail(self, exc: BaseException) -> None:
-        """Every request still waiting fails with ``exc``."""
+        """Every request still waiting fails with ``exc`` (those not written yet with
+        :class:`Unsent`)."""
         queue, self._queue = self._queue, deque()
-        for entry in queue:
+        written = len(queue) - self._unflushed
+        self._unflushed = 0
+        self._out.clear()
+        unsent = Unsent(errno.ECONNABORTED, f"{self.address.name}: not sent: {exc}")
+        for i, entry in enumerate(queue):
+            if i >= written:
+                exc = unsent
             if entry.on_done is not None:
                 entry.on_done(None, exc)
             elif entry.future is not None and not entry.future.done():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import weakref
 from typing import Any, TypeVar
@@ -28,7 +29,8 @@ from .._core import effects as fx
 from .._core.health import skip_suspects
 from .._core.quorum import Tally
 from .._core.replies import classify_handshake
-from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
+from .._engine.address import Address
+from .._engine.cluster import ASKING, BUSY_RETRY_S, MAP_REQUEST, MAX_HOPS, busy_slot
 from .._engine.handshake import HandshakeError
 from .._engine.resp import ReplyError, command
 from .._engine.server import Server, makes_suspect, unidentified
@@ -46,7 +48,7 @@ from .._engine.wire import (
 )
 from .._scripts import Script
 from .._sync.background import background
-from .connection import AsyncConnection
+from .connection import AsyncConnection, Unsent
 
 T = TypeVar("T")
 log = logging.getLogger("fencelock.asyncio")
@@ -91,15 +93,44 @@ def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnecti
     return pool
 
 
-def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
-    """The connection every task of ``loop`` pipelines its requests to ``server`` on."""
+def _address_of(server: Server) -> Address:
+    return server.address
+
+
+async def located(server: Server, loop: asyncio.AbstractEventLoop) -> Address:
+    """Where to connect to ``server`` now. A Sentinel-managed master due to be asked of its
+    sentinels is looked up on a worker thread (each sentinel within ``min(timeout, 0.5)`` s,
+    so the look-up is bounded by ``len(sentinels)`` times that): the loop keeps running.
+
+    Raises:
+        NoMaster: (a ConnectionError) no sentinel named the master.
+    """
+    if server.settled:
+        return server.address
+    return await loop.run_in_executor(None, _address_of, server)
+
+
+def shared(
+    server: Server, loop: asyncio.AbstractEventLoop, address: Address | None = None
+) -> AsyncConnection:
+    """The connection every task of ``loop`` pipelines its requests to ``server`` on.
+
+    Every new connection asks the server's identity (run id, uptime, role) in the write of
+    its first request, whatever this process learned on other connections or other loops:
+    a vote counts only from a connection that checked it (DESIGN v0.3). A loop of its own
+    per job (``asyncio.run()``) or per thread would otherwise miss a server that restarted
+    empty since the last loop's handshake, and ``restart_delay`` would not apply.
+
+    ``address``: where the server is, from :func:`located` (a Sentinel-managed master must be
+    located first: reading ``server.address`` here would block the loop for the look-up)."""
     pool = _pool(server, loop)
-    address = server.address
+    if address is None:
+        address = server.address
     if pool and pool[0].usable and pool[0].address == address:
         return pool[0]
     if pool and not pool[0].usable:
         server.connection_failed()  # closed under us: it may have restarted, so ask
-    conn = AsyncConnection(address, identify=server.recheck)
+    conn = AsyncConnection(address)  # identified on this connection (see AsyncConnection)
     if pool:
         pool[0].close()
         pool[0] = conn
@@ -108,18 +139,22 @@ def shared(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
     return conn
 
 
-def take_blocking(server: Server, loop: asyncio.AbstractEventLoop) -> AsyncConnection:
-    """A connection of its own for one blocking wait (given back with :func:`give_back`)."""
+def take_blocking(
+    server: Server, loop: asyncio.AbstractEventLoop, address: Address | None = None
+) -> AsyncConnection:
+    """A connection of its own for one blocking wait (given back with :func:`give_back`);
+    ``address`` as for :func:`shared`."""
     pool = _pool(server, loop)
-    address = server.address
+    if address is None:
+        address = server.address
     if not pool:
-        pool.append(AsyncConnection(address, identify=server.recheck))
+        pool.append(AsyncConnection(address))
     while len(pool) > 1:
         conn = pool.pop()
         if conn.usable and conn.address == address:
             return conn
         conn.close()
-    return AsyncConnection(address, identify=server.recheck)
+    return AsyncConnection(address)
 
 
 def give_back(server: Server, loop: asyncio.AbstractEventLoop, conn: AsyncConnection) -> None:
@@ -191,11 +226,14 @@ class _Call:
         self.round.done(self, None if exc is not None else task.result(), exc)
 
     def abandon(self) -> None:
-        """A parked straggler still silent GIVE_UP_S after its round: stop waiting."""
+        """Stop waiting for this call (a parked straggler still silent GIVE_UP_S after its
+        round, or the round's deadline passed). Only this call: the connection other
+        callers pipeline on stays open while any of their requests is on it (it closes
+        once none is), and their calls are never sent again."""
         if self.task is not None:
-            self.task.cancel()
+            self.task.cancel()  # its request, if sent, is forgotten by the connection
         else:
-            self.conn.close()
+            self.conn.forget(self)
 
     def suspect_if_silent(self) -> None:
         if self in self.round.open:
@@ -248,22 +286,15 @@ class _Round:
             return
         if replies is None:
             assert exc is not None
-            if (
-                self.collecting
-                and isinstance(exc, ConnectionError)
-                and not isinstance(exc, HandshakeError)
-                and time.monotonic() < self.deadline
-            ):
-                # the shared connection broke under us (a restarted server, or another
-                # round's timeout closed it): once more on a fresh one, as a task
+            if self.collecting and isinstance(exc, Unsent) and time.monotonic() < self.deadline:
+                # the shared connection broke before our request was written (the server
+                # cannot have read it): once more on a fresh one, as a task. A request that
+                # was written is never sent again: its outcome is unknown (maybe applied)
                 call.conn.close()
                 call.node.connection_failed()
-                try:
-                    call.conn = shared(call.node, asyncio.get_running_loop())
-                except ConnectionError as error:  # no sentinel named the master
-                    self.done(call, None, error)
-                    return
-                self.spawn(call)
+                # located again in the task (a Sentinel-managed master is asked of its
+                # sentinels off the loop); no sentinel naming it ends the call
+                self.spawn(call, relocate=True)
                 return
             self.done(call, None, exc)
             return
@@ -290,17 +321,20 @@ class _Round:
 
     # -- a call as a task ------------------------------------------------------------------
 
-    def spawn(self, call: _Call) -> None:
-        task = asyncio.get_running_loop().create_task(self.call(call))
+    def spawn(self, call: _Call, relocate: bool = False) -> None:
+        task = asyncio.get_running_loop().create_task(self.call(call, relocate))
         call.task = task  # kept by _park if the round is decided before it ends
         task.add_done_callback(call.task_done)
 
-    async def call(self, call: _Call) -> object:
+    async def call(self, call: _Call, relocate: bool = False) -> object:
         """Send the call to its node; a cluster's MOVED / ASK, or a node that cannot be
-        reached, sends it to another node (a hop) while hops and the round's budget last."""
+        reached, sends it to another node (a hop) while hops and the round's budget last.
+        ``relocate``: on a new shared connection to where the node is now."""
         effect = self.effect
         server = call.server
         loop = asyncio.get_running_loop()
+        if relocate:
+            call.conn = shared(call.node, loop, await located(call.node, loop))
         asking = False
         while True:
             node = call.node
@@ -319,8 +353,9 @@ class _Round:
                     or call.hops >= MAX_HOPS
                     or isinstance(exc, HandshakeError)
                     or time.monotonic() >= self.deadline
+                    or not (isinstance(exc, Unsent) or not call.conn.wrote)
                 ):
-                    raise
+                    raise  # a request the node may have run is not sent to another
                 call.conn.close()
                 server.node_failed(node)
                 node.connection_failed()
@@ -339,6 +374,21 @@ class _Round:
                     again = ASKING if asking else b""  # ASKING holds for one command only
                     mine = (await call.conn.request(again + full, own + asking))[-own:]
             reply = mine[0]
+            if (
+                script is not None
+                and server.is_cluster
+                and busy_slot(reply)
+                and time.monotonic() + BUSY_RETRY_S < self.deadline
+            ):
+                # the node ran nothing (a slot being migrated, a failover): sent again
+                # shortly, to the slot's owner as the map has it then (bounded by the
+                # round's deadline, one retry per BUSY_RETRY_S)
+                node.learned(call.conn.identity)
+                await asyncio.sleep(BUSY_RETRY_S)
+                call.hops = 0
+                call.node, asking = server.route(effect.keys), False
+                call.conn = shared(call.node, loop)
+                continue
             redirect = server.redirected(reply) if script is not None else None
             if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < self.deadline:
                 node.learned(call.conn.identity)
@@ -361,13 +411,14 @@ class _Round:
     async def _request(call: _Call, payload: bytes, replies: int) -> list[object]:
         try:
             return await call.conn.request(payload, replies)
-        except ConnectionError as exc:
-            # a reused connection may have been closed by a restarted server meanwhile
-            if call.conn.fresh or isinstance(exc, HandshakeError):
-                raise
+        except Unsent:
+            # the connection broke before the request was written (a restarted server
+            # closed it meanwhile, or it was given up): the server cannot have read it.
+            # Anything else failing after the write leaves the outcome unknown: never re-sent
             call.conn.close()
             call.node.connection_failed()  # a restarted server: learn its new identity
-            call.conn = shared(call.node, asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+            call.conn = shared(call.node, loop, await located(call.node, loop))
             return await call.conn.request(payload, replies)
 
     # -- votes -----------------------------------------------------------------------------
@@ -382,12 +433,13 @@ class _Round:
                 call.suspect.cancel()
             if call.give_up is not None:
                 call.give_up.cancel()
-            if exc is not None:
-                call.conn.close()
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                call.conn.close()  # (a given-up call's connection closes once unwanted)
             return
         effect = self.effect
         if exc is not None:
-            call.conn.close()
+            if not isinstance(exc, asyncio.CancelledError):
+                call.conn.close()
             _failed(call.server, exc, self.timeout_s)
             effect.tally.record(call.index, *effect.classify(exc))
         else:
@@ -410,13 +462,12 @@ class _Round:
             log.error("a straggler's reply could not be handled", exc_info=error)
 
     def expire(self) -> None:
-        """The deadline passed: every call still open is a TimeoutError vote."""
+        """The deadline passed: every call still open is a TimeoutError vote (its outcome
+        unknown: the flow cleans up by token). Only this round's calls are given up."""
         effect = self.effect
         for call in list(self.open):
             del self.open[call]
-            if call.task is not None:
-                call.task.cancel()
-            call.conn.close()
+            call.abandon()
             exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
             call.server.node_failed(call.node)
             _failed(call.server, exc, self.timeout_s)
@@ -546,6 +597,11 @@ class AsyncDriver:
                 return None, None  # every call of the last round has answered already
             await self._collect(pending, settle=True)
             return pending.effect.tally, None
+        if isinstance(effect, fx.Settle):
+            if pending is None:
+                return None, None
+            await self._collect(pending, settle=True, until=time.monotonic() + effect.within_s)
+            return None, pending.left()
         if isinstance(effect, fx.Pause):
             return await self._pause(effect), pending
         if isinstance(effect, fx.Repeat):
@@ -586,6 +642,14 @@ class AsyncDriver:
                     tally.record(index, *effect.classify(reason))
                     continue
                 node = server.route(effect.keys)
+                if not node.settled:
+                    # a Sentinel-managed master due to be asked of its sentinels: located in
+                    # the call's task, off the loop (the look-up blocks); no sentinel naming
+                    # it fails the call as below. The placeholder connection never connects
+                    call = _Call(round_, index, server, AsyncConnection(node.last_address), node)
+                    round_.open[call] = None
+                    round_.spawn(call, relocate=True)
+                    continue
                 try:
                     conn = shared(node, loop)
                 except ConnectionError as exc:  # no sentinel named the master
@@ -613,20 +677,29 @@ class AsyncDriver:
         _, rest = await self._broadcast(probe)
         self._park(rest)
 
-    async def _collect(self, round_: _Round, *, settle: bool) -> None:
+    async def _collect(self, round_: _Round, *, settle: bool, until: float = math.inf) -> None:
         """Wait until the round's stop rule holds (``settle``: until every call answered),
-        or its deadline: calls still silent then are TimeoutError votes."""
+        or its deadline: calls still silent then are TimeoutError votes. ``until`` (monotonic
+        s, before the deadline): stop waiting then, the silent calls left open."""
         if settle:
             round_.stop = None
         tally = round_.effect.tally
         loop: asyncio.AbstractEventLoop | None = None
+        read_late = False
         while round_.open and round_.error is None:
             stop = round_.stop
             if stop is not None and stop(tally):
                 break
-            timeout = round_.deadline - time.monotonic()
+            timeout = min(round_.deadline, until) - time.monotonic()
             if timeout <= 0:
-                break
+                if read_late:
+                    break
+                # past the deadline (the process may have been stopped, or the loop blocked,
+                # while the replies arrived): the loop reads what is there before the silent
+                # calls are judged
+                read_late = True
+                await _read_arrived()
+                continue
             if loop is None:
                 loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
@@ -662,6 +735,8 @@ class AsyncDriver:
             call.give_up = loop.call_at(give_up_at, call.abandon)
 
     async def _pause(self, effect: fx.Pause) -> object:
+        if effect.stop is not None:  # the blocking front end's; a task is cancelled instead
+            raise TypeError(f"a Pause with a stop is not for the asyncio driver: {effect!r}")
         delay = effect.delay_s
         nothing: object = None if effect.claim is not None else False
         if delay < 0.001:
@@ -673,7 +748,7 @@ class AsyncDriver:
         server = self.servers[effect.wake[0]]
         node = server.route((effect.wake[1],))
         try:
-            conn = take_blocking(node, loop)
+            conn = take_blocking(node, loop, await located(node, loop))
         except ConnectionError:  # no sentinel named the master: sleep instead
             await asyncio.sleep(delay)
             return nothing
@@ -756,7 +831,8 @@ async def _unblocked(
         if blocked.client_id is None:
             return None
         unblock = command("CLIENT", "UNBLOCK", blocked.client_id)
-        await asyncio.wait_for(shared(node, loop).request(unblock, 1), timeout_s)
+        conn = shared(node, loop, await asyncio.wait_for(located(node, loop), timeout_s))
+        await asyncio.wait_for(conn.request(unblock, 1), timeout_s)
         replies = await asyncio.wait_for(asyncio.shield(request), timeout_s)
     except BaseException:
         return None
@@ -766,6 +842,13 @@ async def _unblocked(
     if replies and isinstance(replies[0], bytes):
         return replies[0]
     return None
+
+
+async def _read_arrived() -> None:
+    """Let the event loop read what the sockets hold already: in the first pass it polls
+    them (their readers run after this task's step), the second runs this task after them."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 def _loop_time(loop: asyncio.AbstractEventLoop, monotonic_s: float) -> float:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from .._core.acquire import Grant
-from .._definition import UNSET
-from .._family import MultiFront, RWFront
-from .._front import SemaphoreFront
+from .._frontend.definition import UNSET
+from .._frontend.family import MultiFront, RWFront
+from .._frontend.fronts import SemaphoreFront
+from .._frontend.lease import check_at_least
 from ..options import Seconds, seconds
 from .lock import Lease, Lock, LostCallback, Permit, _Hold
 
@@ -29,6 +30,28 @@ class Semaphore(SemaphoreFront, Lock):
 
     def _lease(self, grant: Grant) -> Permit:
         return Permit(self, grant)
+
+    def hold(
+        self,
+        wait: Seconds = UNSET,
+        renew: bool = True,
+        *,
+        max_hold: Seconds | None = None,
+        on_lost: LostCallback | None = None,
+        at_least: Seconds | None = None,
+    ) -> _PermitHold:
+        """``async with sem.hold(wait=5) as permit``: see :meth:`fencelock.asyncio.Lock.hold`
+        (on loss the block is cancelled and :class:`~fencelock.LockLost` raised)."""
+        cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        least = check_at_least(at_least, cap)
+        return _PermitHold(lambda: self.acquire(wait), renew, cap, on_lost, least)
+
+
+class _PermitHold(_Hold):
+    """``Semaphore.hold()``: the lock's hold context, typed as giving a :class:`Permit`."""
+
+    async def __aenter__(self) -> Permit:
+        return cast(Permit, await super().__aenter__())
 
 
 class RWLock(RWFront[Lock]):

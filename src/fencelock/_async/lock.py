@@ -12,12 +12,12 @@ from typing import Any, cast
 
 import redis.asyncio as aredis
 
-from .._context import pop_held, push_held
 from .._core.acquire import Grant
-from .._definition import UNSET, Definition
-from .._front import LockFront
-from .._lease import LeaseState, check_at_least, lingers, log
-from .._reentry import HeldBase
+from .._frontend.context import pop_held, push_held
+from .._frontend.definition import UNSET, Definition
+from .._frontend.fronts import LockFront
+from .._frontend.lease import LeaseState, check_at_least, lingers, log
+from .._frontend.reentry import HeldBase
 from ..errors import LockLost
 from ..options import Seconds, seconds
 from .driver import AsyncDriver, keep
@@ -86,6 +86,10 @@ class Lock(LockFront):
         return _Hold(lambda: self.acquire(wait), renew, cap, on_lost, least)
 
     async def __aenter__(self) -> Lease:
+        """``async with lock as lease``: acquire (the lock's default ``wait``), release on
+        exit. The **un-renewed** form: nothing extends the lease and nothing cancels the body
+        when it runs out; use :meth:`hold` for a renewed lease whose loss cancels the body and
+        raises :class:`~fencelock.LockLost`."""
         lease = await self.acquire()
         push_held(self, lease)
         return lease
@@ -137,7 +141,26 @@ class Lease(LeaseState):
     async def extend(self, ttl: Seconds | None = None) -> None:
         """Restart the lease at ``ttl`` seconds on a majority (see
         :meth:`fencelock.Lease.extend`)."""
-        self._extended(await self._driver.run(self._extend_flow(ttl)))
+        try:
+            self._extended(await self._driver.run(self._extend_flow(ttl)))
+        finally:
+            self._rearm()
+
+    def _deadline_lowered(self) -> None:
+        if self._timer is not None:
+            self._watch_deadline()
+
+    def _rearm(self) -> None:
+        """After a change of deadline (a user's extend): the next renewal and the deadline
+        timer follow the new deadline (a shorter lease left them at the old one's pace)."""
+        if self._done():
+            return
+        if self._renewal is not None:
+            self._stop_renewal()
+            first = self._next_renewal(time.monotonic(), self._every_s)
+            self._renewal = keep(asyncio.ensure_future(_renew(weakref.ref(self), first)))
+        if self._timer is not None:
+            self._watch_deadline()
 
     async def release(self) -> None:
         """Compare-and-delete everywhere; see :meth:`fencelock.Lease.release`. The release runs
@@ -325,7 +348,7 @@ class Held(HeldBase):
     __slots__ = ()
 
     async def release(self) -> None:
-        if self._leave():
+        if self._leave() and not self._kept_at_release():
             await self._entry.lease.release()
 
     async def _release_quietly(self) -> None:

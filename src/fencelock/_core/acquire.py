@@ -4,9 +4,11 @@ Rules of an attempt:
 - the clock starts before the first byte is sent; a grant is valid until
   ``start + ttl - drift`` and only if that is still ahead when the last round ends;
 - over N > 1 servers the merged fence is committed to a majority before the lease is handed out;
-- a failed attempt releases its token wherever it may have landed, after waiting for the
-  stragglers that were sent it (so the release cannot overtake their SET), and repeats the
-  release in the background on servers that did not answer;
+- a failed attempt releases its token wherever it may have landed, after waiting briefly
+  for the round's stragglers (a fraction of the budget at the most, not for a hung server):
+  at once where the call ended, from the background where it is still out (once its server
+  answers, and once more: it cannot be overtaken for good by the straggler's SET), and again
+  in the background where the release got no answer;
 - the same server named twice, or a replica, is a :class:`~fencelock.ConfigError` as soon as
   the servers' identities are known (the grant is released first);
 - with ``replicas=k`` (``plan.wait``), a server's grant and fence commit count only once
@@ -20,16 +22,28 @@ Rules of an attempt:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from .backoff import retry_delay_s
-from .effects import IDENTITIES, NOW, SETTLE, Broadcast, Classify, Flow, Identify, Pause
+from .effects import (
+    IDENTITIES,
+    NOW,
+    SETTLE,
+    Broadcast,
+    Classify,
+    Flow,
+    Identify,
+    Pause,
+    Repeat,
+    Settle,
+    StopRule,
+)
 from .fencing import needs_commit
 from .handover import Handed, claim, offered_token
 from .plan import LockPlan
 from .quorum import Outcome, Tally
-from .release import release_round
+from .release import release_args, release_round
 from .replies import AcquireReply, classify_acquire, classify_commit, with_wait
 from .rounds import AcquireDecision, Status, decide_acquire, decide_confirm
 from .verdicts import (
@@ -43,6 +57,9 @@ from .verdicts import (
 
 #: A patience (ms) sent to the acquire script is capped here (an infinite wait fits too).
 PATIENCE_CAP_MS = 2_000_000_000
+#: A failed attempt waits at least this long (s) for its round's stragglers (see
+#: :func:`straggler_grace_s`).
+STRAGGLER_GRACE_MIN_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +73,9 @@ class Grant:
     deadline: float
     slot: int = 0  # the semaphore slot won (0 for every other kind of lock)
     waiter: str = "-"  # the waiter id still registered (a grant claimed from a hand-over)
+    #: rounds run after the wake-up that let this caller in (0: the grant came with the wake,
+    #: a claimed hand-over); -1: granted without waiting for a wake-up
+    after_wake: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +85,7 @@ class Attempt:
     grant: Grant | None
     decision: AcquireDecision
     tally: Tally
+    heard: Tally | None = None  # the round's replies as heard (before any vote was discounted)
 
 
 class AttemptFn(Protocol):
@@ -102,8 +123,40 @@ def attempt(
     Raises :class:`~fencelock.ConfigError` when the servers are not independent: judged before
     any lock traffic for the servers already identified, after the round for the others.
     """
-    args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
+    args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience,
+            plan.fence_retention_ms)  # fmt: skip
     return grant_attempt(plan, token, args, classify_acquire)
+
+
+def _whole(tally: Tally) -> tuple[int, Tally]:
+    return 0, tally
+
+
+def _lock_commit(
+    plan: LockPlan, slot: int, token: str, decision: AcquireDecision, view: Tally, start: float
+) -> Flow[AcquireDecision]:
+    return commit_fence(plan, token, decision, view, start)
+
+
+@dataclass(frozen=True, slots=True)
+class Ballot:
+    """How one grant round is read, for a primitive whose servers may grant different things
+    (a semaphore's slots); the default reads it as one lock key.
+
+    ``settled``: when the round may stop; ``choose``: the slot the round is about and the
+    round as a vote on it alone (grants of other slots count as "held"); ``commit``: round 2,
+    the fence commit of a won slot over N > 1 servers, called as
+    ``commit(plan, slot, token, decision, view, start)``.
+    """
+
+    settled: Callable[[Tally], bool] = field(default=settled)
+    choose: Callable[[Tally], tuple[int, Tally]] = field(default=_whole)
+    commit: Callable[[LockPlan, int, str, AcquireDecision, Tally, float], Flow[AcquireDecision]] = (
+        field(default=_lock_commit)
+    )
+
+
+LOCK_BALLOT = Ballot()
 
 
 def grant_attempt(
@@ -113,20 +166,30 @@ def grant_attempt(
     classify: Classify,
     *,
     cleanup: LockPlan | None = None,
+    ballot: Ballot = LOCK_BALLOT,
 ) -> Flow[Attempt]:
-    """The body of an attempt whose acquire script (``plan.wiring.acquire``, called with
-    ``args``, its replies read by ``classify``) grants like the plain lock's: the majority,
-    ``restart_delay``, the validity check and the fence commit; what may have landed of a
-    failed attempt is released with ``cleanup``'s release (default: ``plan``'s)."""
+    """One attempt, written once for every primitive: the acquire script
+    (``plan.wiring.acquire`` on ``plan.acquire_keys``, called with ``args``, its replies read
+    by ``classify``) on every server, the majority (of one slot, as ``ballot`` reads the
+    round), ``restart_delay``, the validity check and the fence commit; what may have landed
+    of a failed attempt, and a won attempt's grants of other slots, are released with
+    ``cleanup``'s release (default: ``plan``'s)."""
     n = plan.n
+    known = None
     if n > 1:
-        problem = independence_problem((yield Identify(plan.budget_s)), plan.names)
+        known = yield Identify(plan.budget_s)
+        problem = independence_problem(known, plan.names)
         if problem is not None:
             raise problem
     start: float = yield NOW
-    tally = Tally(n)
+    heard = Tally(n)
+    if plan.restart_delay and known is not None:
+        # known to be in their restart delay already: no healthy voters (skip_suspects)
+        heard.muted = frozenset(restarting(known, start, plan.ttl_ms))
+    tally = heard
     drift = plan.drift_ms(plan.ttl_ms)
     undo = plan if cleanup is None else cleanup
+    slot = 0
     try:
         yield Broadcast(
             plan.wiring.acquire,
@@ -134,17 +197,18 @@ def grant_attempt(
             plan.acquire_keys,
             args,
             with_wait(plan, classify),
-            settled,
+            ballot.settled,
             plan.budget_s,
-            tally,
+            heard,
             wait=plan.wait,
         )
         if plan.restart_delay:
-            tally = yield from _discount_restarted(plan, tally)
+            tally = yield from _discount_restarted(plan, heard, ballot)
+        slot, view = ballot.choose(tally)
         now: float = yield NOW
         decision = decide_acquire(
-            tally,
-            grant_replies(tally),
+            view,
+            grant_replies(view),
             ttl_ms=plan.ttl_ms,
             elapsed_ms=(now - start) * 1000.0,
             drift=drift,
@@ -154,27 +218,39 @@ def grant_attempt(
             if problem is not None:
                 raise problem
         if decision.status is Status.GRANTED and needs_commit(n):
-            decision = yield from commit_fence(plan, token, decision, tally, start)
+            decision = yield from ballot.commit(plan, slot, token, decision, view, start)
     except GeneratorExit:
         raise
     except BaseException:
-        yield from clean_up(undo, token, tally)
+        # interrupted (a cancellation, a KeyboardInterrupt) or refused (ConfigError): the
+        # cleanup is done before the exception goes on, within the round's budget, so that a
+        # caller who goes on at once (a new acquire) finds what this attempt took released
+        yield from clean_up(undo, token, heard, None)
         raise
     if decision.status is Status.GRANTED:
+        _, as_heard = ballot.choose(heard)  # a restarted server's grant of our slot stays
+        strays = tuple(
+            index
+            for index, (outcome, _) in sorted(heard.votes.items())
+            if outcome is Outcome.GRANTED and as_heard.votes[index][0] is not Outcome.GRANTED
+        )
+        if strays:  # servers that granted us another slot: free it there
+            yield from release_round(undo, token, strays)
         deadline = start + (plan.ttl_ms - drift) / 1000.0
-        return Attempt(Grant(token, decision.fence, start, deadline), decision, tally)
-    yield from clean_up(undo, token, tally)
-    return Attempt(None, decision, tally)
+        return Attempt(Grant(token, decision.fence, start, deadline, slot), decision, view, heard)
+    grace = straggler_grace_s(now - start, plan.budget_s)
+    yield from clean_up(undo, token, tally, grace)
+    return Attempt(None, decision, view, heard)
 
 
-def _discount_restarted(plan: LockPlan, tally: Tally) -> Flow[Tally]:
+def _discount_restarted(plan: LockPlan, tally: Tally, ballot: Ballot) -> Flow[Tally]:
     """The acquire round's tally without the grants of recently restarted servers; if it
     stopped early on one of them, the stragglers are heard first (the round's tally fills)."""
     recent = restarting((yield IDENTITIES), (yield NOW), plan.ttl_ms)
     if not any(index in recent for index in tally.granted_indexes()):
         return tally
     counted = without_restarted(tally, recent, plan.names, plan.ttl_ms)
-    if counted.won or not tally.pending:
+    if ballot.choose(counted)[1].won or not tally.pending:
         return counted
     yield SETTLE  # their votes go to ``tally``; handshakes may show more restarts
     recent = restarting((yield IDENTITIES), (yield NOW), plan.ttl_ms)
@@ -189,27 +265,43 @@ def grant_replies(tally: Tally) -> dict[int, AcquireReply]:
     }
 
 
+def fence_commit_round(
+    plan: LockPlan,
+    granted: tuple[int, ...],
+    token: str,
+    fence: int,
+    classify: Classify,
+    stop: StopRule,
+) -> tuple[Tally, Broadcast]:
+    """Round 2 of an N-server grant (a lock's, a permit's): ``fence`` sent to the servers that
+    granted (``granted``), and the tally it fills, where every other server already counts as
+    HELD (it granted nothing, so it confirms nothing)."""
+    commit = Tally(plan.n)
+    for index in plan.everyone:
+        if index not in granted:
+            commit.record(index, Outcome.HELD)
+    return commit, Broadcast(
+        plan.wiring.commit,
+        granted,
+        plan.commit_keys,
+        (token, str(fence), plan.fence_retention_ms),
+        with_wait(plan, classify),
+        stop,
+        plan.budget_s,
+        commit,
+        wait=plan.wait,
+    )
+
+
 def commit_fence(
     plan: LockPlan, token: str, decision: AcquireDecision, tally: Tally, start: float
 ) -> Flow[AcquireDecision]:
     """Round 2 over N servers: raise the fence register to the merged fence on the granting
     servers; the lease counts only if a majority confirmed within its validity."""
-    granted = tuple(tally.granted_indexes())
-    commit = Tally(plan.n)
-    for index in plan.everyone:
-        if index not in granted:
-            commit.record(index, Outcome.HELD)
-    yield Broadcast(
-        plan.wiring.commit,
-        granted,
-        plan.commit_keys,
-        (token, str(decision.fence)),
-        with_wait(plan, classify_commit),
-        _won,
-        plan.budget_s,
-        commit,
-        wait=plan.wait,
+    commit, commit_round = fence_commit_round(
+        plan, tuple(tally.granted_indexes()), token, decision.fence, classify_commit, _won
     )
+    yield commit_round
     now: float = yield NOW
     validity = decide_confirm(
         commit,
@@ -223,15 +315,60 @@ def commit_fence(
     return decision
 
 
-def clean_up(plan: LockPlan, token: str, tally: Tally) -> Flow[None]:
-    """After a failed attempt: release ``token`` wherever it may have landed."""
+def straggler_grace_s(elapsed_s: float, budget_s: float) -> float:
+    """How long a failed attempt waits for the stragglers of its round (``elapsed_s``: how
+    long the round took) before it releases: enough for healthy servers to answer (three
+    times the round, :data:`STRAGGLER_GRACE_MIN_S` at least), half the round's budget at the
+    most. A hung server costs the caller this, not a server timeout."""
+    return min(max(STRAGGLER_GRACE_MIN_S, 3.0 * elapsed_s), 0.5 * budget_s)
+
+
+def clean_up(plan: LockPlan, token: str, tally: Tally, grace_s: float | None) -> Flow[None]:
+    """After a failed attempt: release ``token`` wherever it may have landed.
+
+    - ``grace_s``: the round's stragglers are waited for this long at the most, and the
+      release round waits only for the servers that answered (a decided round does not wait
+      for a hung server; the answers of healthy ones fill the tally, which is the evidence of
+      the error raised, and spare them a release). A server whose call is still out is sent
+      the release (after the acquire, on a shared connection) without being waited for, and
+      gets it again from the background thread once it answers (:class:`~.effects.Repeat`),
+      so a late grant there cannot outlive the cleanup;
+    - ``None`` (an attempt interrupted by an exception): the stragglers are waited for to the
+      round's deadline and the release round waits for every server, so that the caller gets
+      the exception once the cleanup is done, within the budget;
+    - an exception thrown in meanwhile (a KeyboardInterrupt from a signal handler, a
+      cancellation) stops the wait; an interrupted release round hands its work to the
+      background; the exception is raised after that.
+    """
     if not may_have_landed(tally):
         return
-    if tally.pending:
-        yield SETTLE  # so the release cannot overtake a straggler's SET on the server
+    interrupted: BaseException | None = None
+    if tally.pending and (grace_s is None or grace_s > 0):
+        try:
+            yield SETTLE if grace_s is None else Settle(grace_s)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            interrupted = exc
     targets = may_have_landed(tally)
     if targets:
-        yield from release_round(plan, token, targets)
+        heard = None if grace_s is None else tuple(i for i in targets if i in tally.votes)
+        try:
+            yield from release_round(plan, token, targets, await_only=heard)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # the caller is interrupted: the release goes on where no caller can stop it
+            yield Repeat(
+                plan.wiring.release,
+                targets,
+                plan.release_keys,
+                release_args(plan, token),
+                until_s=plan.ttl_ms / 1000.0,
+            )
+            raise
+    if interrupted is not None:
+        raise interrupted
 
 
 def acquire(
@@ -242,9 +379,15 @@ def acquire(
     holder_info: Callable[[], str],
     rand: Callable[[], float],
     attempt_with: AttemptFn | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Flow[Grant]:
     """Attempt until granted or ``wait_s`` ran out, woken by releases in between
     (``attempt_with``: the attempt to repeat; default: :func:`attempt` on ``plan``).
+
+    ``cancelled``: once it returns True, the wait ends as if its deadline had come: a pause
+    is cut short (one pause per wait between attempts, so the caller keeps its place among
+    the waiters blocked on the holder's server while it waits), no attempt follows, and a
+    grant claimed as it came is still returned (the caller gives it back).
 
     Raises :class:`~fencelock.NotAcquired` (contention) or :class:`~fencelock.Unavailable`
     (too few servers answered) with the last round's votes.
@@ -266,10 +409,10 @@ def acquire(
             patience=patience_ms(deadline, now),
         )
         if result.grant is not None:
-            return result.grant
+            return replace(result.grant, after_wake=1) if woken else result.grant
         now = yield NOW
         remaining = deadline - now
-        if remaining <= 0:
+        if remaining <= 0 or (cancelled is not None and cancelled()):
             raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
         delay = retry_delay_s(
             attempt=attempts - 1,
@@ -281,17 +424,27 @@ def acquire(
         )
         held = first_held(result.tally)
         if held is None or not plan.hands_over or attempt_with is not None:
-            woken = yield Pause(delay, None if held is None else (held, plan.keys.wake))
-            continue
-        claimed = yield from claim(plan, delay, held, _giver(plan, waiter, new_token))
-        if claimed.handed is not None:
-            handed = claimed.handed
-            # acquired when heard (``hold(at_least=)``, ``max_hold`` count from it); valid
-            # until the deadline counted from before the wait
-            return Grant(
-                handed.token, handed.fence, claimed.claimed_at, claimed.deadline, 0, waiter
-            )
-        woken = claimed.woken
+            wake = None if held is None else (held, plan.keys.wake)
+            woken = yield Pause(delay, wake, stop=cancelled)
+        else:
+            giver = _giver(plan, waiter, new_token)
+            claimed = yield from claim(plan, delay, held, giver, cancelled)
+            if claimed.handed is not None:
+                handed = claimed.handed
+                # acquired when heard (``hold(at_least=)``, ``max_hold`` count from it); valid
+                # until the deadline counted from before the wait
+                return Grant(
+                    handed.token,
+                    handed.fence,
+                    claimed.claimed_at,
+                    claimed.deadline,
+                    0,
+                    waiter,
+                    after_wake=1 if claimed.refreshed else 0,
+                )
+            woken = claimed.woken
+        if cancelled is not None and cancelled():
+            raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
 
 
 def _giver(

@@ -9,8 +9,14 @@ a round, what a reply means) is carried by the effect itself, so one flow serves
   ``classify`` until ``stop(tally)`` holds or the budget ends; answer: None (votes go to the
   broadcast's ``tally``).
 - ``SETTLE``: waits for the last broadcast's stragglers, to its deadline; answer: None.
+- ``Settle``: the same for at most ``within_s`` seconds: stragglers still silent then stay
+  stragglers (no vote is recorded for them, nothing is judged); answer: None.
 - ``Pause``: sleeps up to ``delay_s``, woken early by a wake element; answer: True if woken;
   with ``claim``, the element itself (``bytes``; it was moved to the ``claim`` list) or None.
+  With ``stop``, the pause also ends (not woken, no element) once ``stop()`` is true, looked
+  at every :data:`STOP_CHECK_S` at the least; a claim the server made meanwhile is answered.
+  Only the blocking front end gives a ``stop`` (an asyncio caller cancels its task); the
+  asyncio driver refuses a pause with one rather than ignore it.
   If the wait is interrupted after the server may have moved an element, the driver finds out
   (it half-closes the connection and reads what came) and raises :class:`ClaimInterrupted`
   carrying the element, so that the flow can give back what it claimed.
@@ -50,6 +56,14 @@ IDENTITIES = _Marker("IDENTITIES")
 
 
 @dataclass(frozen=True, slots=True)
+class Settle:
+    """Wait for the last broadcast's stragglers at most ``within_s`` seconds (and never past
+    the round's deadline); those still silent then stay stragglers, without a vote."""
+
+    within_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Identify:
     """Learn the identity of the servers not known yet (their connection handshake), so that
     the independence of N servers is judged before any lock traffic. Costs nothing once every
@@ -70,10 +84,12 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class Replicated:
     """What ``classify`` is given for a call that carried a :class:`Wait`: the script's
-    ``reply`` and the ``WAIT`` reply (``acks``: an int, or the server's error)."""
+    ``reply``, the ``WAIT`` reply (``acks``: an int, or the server's error) and the ``ROLE``
+    reply that follows it (``role``: which replicas the server has; None when not asked)."""
 
     reply: object
     acks: object
+    role: object = None
 
 
 # Not frozen, unlike the other effects: a flow builds two or three per acquire and release,
@@ -106,14 +122,23 @@ class Broadcast:
     wait: Wait | None = None
 
 
+#: Longest a :class:`Pause` with a ``stop`` goes without looking at it (s): how late a
+#: cancelled wait ends.
+STOP_CHECK_S = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class Pause:
     """Sleep up to ``delay_s``; ``wake`` = (server index, list key) to block on instead;
-    ``claim``: move the element to this list (``BLMOVE``) rather than pop it (``BLPOP``)."""
+    ``claim``: move the element to this list (``BLMOVE``) rather than pop it (``BLPOP``);
+    ``stop``: end early once it returns True (the blocking request stays the one sent: a
+    waiter keeps its place in the server's queue until then), answered as a pause that ran
+    out, or with the element a claim got meanwhile."""
 
     delay_s: float
     wake: tuple[int, str] | None = None
     claim: str | None = None
+    stop: Callable[[], bool] | None = None
 
 
 class ClaimInterrupted(BaseException):
@@ -139,7 +164,7 @@ class Repeat:
     until_s: float
 
 
-Effect = _Marker | Broadcast | Pause | Repeat | Identify
+Effect = _Marker | Broadcast | Pause | Repeat | Identify | Settle
 
 
 class NotSent(ConnectionError):

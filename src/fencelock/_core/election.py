@@ -20,16 +20,15 @@ from dataclasses import dataclass
 
 from ..errors import Unavailable
 from .effects import NOW, Broadcast, Flow, Pause
+from .holder_json import parse_holder
 from .plan import LockPlan
 from .quorum import Outcome, Tally, summary
-from .replies import ProtocolError, classify_announce
+from .replies import ProtocolError, classify_announce, with_wait
 from .verdicts import votes
 
 #: An observer's registration lasts this long (ms) after its last read; it reads at least
 #: every poll period, so a live observer stays registered and a gone one is dropped soon.
 OBSERVER_LIFETIME_MS = 30_000
-#: An observer that could not read (too few servers) tries again after this long (s).
-OBSERVE_RETRY_S = 0.1
 #: An observer wakes this long (s) after the leader's lease would run out, to see its end.
 EXPIRY_SLACK_S = 0.01
 
@@ -75,11 +74,7 @@ def decode_read(reply: object) -> HolderRead:
         raise ProtocolError(f"elect_read: unexpected pttl {pttl!r}")
     info: dict[str, object] | None = None
     if raw:
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        info = parsed if isinstance(parsed, dict) else None
+        info = parse_holder(raw)
     return HolderRead(token, pttl, info)
 
 
@@ -95,24 +90,37 @@ def classify_read(result: object) -> tuple[Outcome, object]:
 
 def leader_info(holder: str, name: str, fence: int) -> str:
     """The holder info of a leader: its lock holder info (JSON) plus ``leader`` and ``term``."""
-    try:
-        info = json.loads(holder) if holder else {}
-    except ValueError:
-        info = {}
-    if not isinstance(info, dict):
-        info = {}
+    info = (parse_holder(holder) if holder else None) or {}
     info["leader"] = name
     info["term"] = fence
     return json.dumps(info, separators=(",", ":"))
 
 
-def decide_leader(plan: LockPlan, tally: Tally, elapsed_ms: float) -> Leader | None:
-    """The leader a read found: the token held on a majority whose info names it; None when
-    no token holds a majority or the holder has not announced itself (yet)."""
+def _holders(tally: Tally) -> dict[str, list[HolderRead]]:
     rows: dict[str, list[HolderRead]] = {}
     for outcome, detail in tally.votes.values():
         if outcome is Outcome.GRANTED and isinstance(detail, HolderRead) and detail.token:
             rows.setdefault(detail.token, []).append(detail)
+    return rows
+
+
+def may_hide_leader(tally: Tally) -> bool:
+    """No token holds a majority of the answers, but one could with the servers that did not
+    answer: a read that cannot tell "nobody leads" from "a leader holds a majority that
+    includes the silent servers" (one heard holder plus the silent ones, or, with as many
+    silent servers as a majority, a holder not heard at all)."""
+    rows = _holders(tally)
+    silent = tally.n - tally.granted
+    if any(len(held) >= tally.needed for held in rows.values()):
+        return False
+    best = max((len(held) for held in rows.values()), default=0)
+    return best + silent >= tally.needed
+
+
+def decide_leader(plan: LockPlan, tally: Tally, elapsed_ms: float) -> Leader | None:
+    """The leader a read found: the token held on a majority whose info names it; None when
+    no token holds a majority or the holder has not announced itself (yet)."""
+    rows = _holders(tally)
     for held in rows.values():
         if len(held) < tally.needed:
             continue
@@ -139,8 +147,10 @@ class LeaderView:
 
 
 def read_leader(plan: LockPlan, observer: str = "") -> Flow[LeaderView]:
-    """Read the leader on every server; raises :class:`~fencelock.Unavailable` when fewer
-    than a majority answered (nobody can tell who leads)."""
+    """Read the leader on every server; raises :class:`~fencelock.Unavailable` when the
+    answers cannot tell who leads: fewer than a majority answered, or no token holds a
+    majority of the answers but one could with the servers that did not answer
+    (:func:`may_hide_leader`: "nobody leads" would be a guess)."""
     start: float = yield NOW
     tally = Tally(plan.n)
     yield Broadcast(
@@ -157,6 +167,14 @@ def read_leader(plan: LockPlan, observer: str = "") -> Flow[LeaderView]:
     if tally.granted < tally.needed:
         text = summary(plan.key, tally).replace("agreed", "answered")
         raise Unavailable(plan.key, f"{text}: leader unknown", votes(tally, plan.names))
+    if may_hide_leader(tally):
+        text = summary(plan.key, tally).replace("agreed", "answered")
+        raise Unavailable(
+            plan.key,
+            f"{text}: leader unknown (a holder could have a majority with the servers that "
+            "did not answer)",
+            votes(tally, plan.names),
+        )
     now: float = yield NOW
     return LeaderView(
         decide_leader(plan, tally, (now - start) * 1000.0), tally.granted_indexes()[0]
@@ -165,17 +183,20 @@ def read_leader(plan: LockPlan, observer: str = "") -> Flow[LeaderView]:
 
 def announce(plan: LockPlan, token: str, info: str) -> Flow[bool]:
     """Name the leader beside its lock on every server and wake the observers; True when a
-    majority took it (False: the term is still valid, but readers may not see its name)."""
+    majority took it (False: the term is still valid, but readers may not see its name).
+    With ``replicas=k`` a server took it only once ``WAIT`` saw it on k replicas (a failover
+    then keeps the name beside the term, as it keeps the term)."""
     tally = Tally(plan.n)
     yield Broadcast(
         "elect_announce",
         plan.everyone,
         plan.election_keys,
         (token, info, plan.wake_ms),
-        classify_announce,
+        with_wait(plan, classify_announce),
         None,
         plan.budget_s,
         tally,
+        wait=plan.wait,
     )
     return tally.won
 
@@ -213,21 +234,20 @@ def next_change(
     poll_s: float,
 ) -> Flow[Change]:
     """Wait for the leader to differ from ``last`` (a term, None for "nobody", False for
-    "nothing seen yet") until ``until`` (monotonic s); woken by announcements."""
+    "nothing seen yet") until ``until`` (monotonic s); woken by announcements.
+
+    Raises :class:`~fencelock.Unavailable` as soon as a read cannot tell who leads (see
+    :func:`read_leader`): the last value seen no longer stands, and "nobody" would be a guess.
+    """
     wake_key = f"{plan.keys.observers}:{observer}"
     while True:
-        wake: tuple[int, str] | None = None
-        try:
-            view = yield from read_leader(plan, observer)
-        except Unavailable:
-            delay = OBSERVE_RETRY_S
-        else:
-            leader = view.leader
-            seen = None if leader is None else leader.term
-            if last is False or seen != last:
-                return Change(leader)
-            delay = poll_s if leader is None else min(poll_s, leader.remaining + EXPIRY_SLACK_S)
-            wake = (view.answered, wake_key)
+        view = yield from read_leader(plan, observer)
+        leader = view.leader
+        seen = None if leader is None else leader.term
+        if last is False or seen != last:
+            return Change(leader)
+        delay = poll_s if leader is None else min(poll_s, leader.remaining + EXPIRY_SLACK_S)
+        wake = (view.answered, wake_key)
         now: float = yield NOW
         if now >= until:
             return Change(None, timed_out=True)

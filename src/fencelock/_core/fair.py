@@ -47,9 +47,10 @@ from dataclasses import dataclass, replace
 from .acquire import Attempt, AttemptFn, Grant, grant_attempt
 from .backoff import retry_delay_s
 from .effects import NOW, Broadcast, Flow, Pause, Repeat
+from .keys import fair_queue_key
 from .plan import LockPlan, Wiring, release_keys
 from .quorum import Outcome, Tally
-from .replies import AcquireReply, ProtocolError, _int, decode_flag
+from .replies import AcquireReply, ProtocolError, _int, classify_decoded, decode_flag
 from .verdicts import acquire_failure
 
 
@@ -66,7 +67,7 @@ class FairKeys:
 
 
 def fair_keys(plan: LockPlan) -> FairKeys:
-    base = plan.keys.lock + ":fair"
+    base = fair_queue_key(plan.keys)
     return FairKeys(queue=base, beats=base + ":beats", wake=base + ":wake")
 
 
@@ -111,13 +112,7 @@ def decode_fair(reply: object) -> FairReply:
 
 
 def classify_fair(result: object) -> tuple[Outcome, object]:
-    if isinstance(result, BaseException):
-        return Outcome.ERROR, result
-    try:
-        reply = decode_fair(result)
-    except ProtocolError as exc:
-        return Outcome.ERROR, exc
-    return (Outcome.GRANTED if reply.granted else Outcome.HELD), reply
+    return classify_decoded(result, decode_fair)
 
 
 def classify_leave(result: object) -> tuple[Outcome, object]:
@@ -146,7 +141,7 @@ def attempt_fair(
     new arrival) on every server and take the lock where it is first in line; a majority and
     the fence commit as for a plain lock. Never raises for contention or outages; raises
     :class:`~fencelock.ConfigError` when the servers are not independent."""
-    args = (token, plan.ttl_ms, info, waiter, str(ticket), heartbeat_ms)
+    args = (token, plan.ttl_ms, info, waiter, str(ticket), heartbeat_ms, plan.fence_retention_ms)
     return grant_attempt(plan, token, args, classify_fair, cleanup=_quiet(plan))
 
 
@@ -205,10 +200,13 @@ def acquire_fair(
     holder_info: Callable[[], str],
     rand: Callable[[], float],
     heartbeat_s: float,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Flow[Grant]:
     """Wait in line up to ``wait_s`` seconds (``plan`` from :func:`fair_plan`); ``wait_s = 0``
     is one attempt that succeeds only when nobody is queued. ``heartbeat_s``: the lease of the
-    caller's queue entry (refreshed every ``heartbeat_s / 3`` while it waits).
+    caller's queue entry (refreshed every ``heartbeat_s / 3`` while it waits). ``cancelled``:
+    once True, the wait ends as if its deadline had come (a pause is cut short, no attempt
+    follows).
 
     Raises :class:`~fencelock.NotAcquired` (contention) or :class:`~fencelock.Unavailable`
     (too few servers answered) after the wait, having left the queue everywhere; any exception
@@ -250,7 +248,7 @@ def acquire_fair(
             ticket = merged
             now: float = yield NOW
             remaining = deadline - now
-            if remaining <= 0:
+            if remaining <= 0 or (cancelled is not None and cancelled()):
                 raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
             if again:
                 continue
@@ -273,7 +271,9 @@ def acquire_fair(
             )
             delay = min(delay, refresh_s, remaining)
             server = _first_answered(result.tally)
-            yield Pause(delay, None if server is None else (server, wake))
+            yield Pause(delay, None if server is None else (server, wake), stop=cancelled)
+            if cancelled is not None and cancelled():
+                raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
     except GeneratorExit:
         raise
     except BaseException:

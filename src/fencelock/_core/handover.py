@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from .effects import NOW, ClaimInterrupted, Flow, Pause
 from .extend import ExtendOutcome, extend
+from .fencing import FENCE_MAX
 from .plan import LockPlan
 
 #: The first character of a token a release chose for the next holder (never in a hex token).
@@ -64,7 +65,7 @@ def parse_handed(element: object) -> Handed | None:
         fence, lease_ms, window_ms = int(parts[1]), int(parts[2]), int(parts[3])
     except ValueError:
         return None
-    if fence <= 0 or lease_ms <= 0 or window_ms <= 0:
+    if not 0 < fence <= FENCE_MAX or lease_ms <= 0 or window_ms <= 0:
         return None
     return Handed(parts[0].decode("ascii", "replace"), fence, lease_ms, window_ms)
 
@@ -87,20 +88,26 @@ class Claim:
     woken: bool
     stale: Handed | None = None  # claimed, but no longer valid: to be released
     claimed_at: float = 0.0  # monotonic s when the grant was heard (its ``acquired_at``)
+    refreshed: bool = False  # one extend round ran after the grant was heard
 
 
 def claim(
-    plan: LockPlan, delay_s: float, server: int, give_back: Callable[[Handed], Flow[object]]
+    plan: LockPlan,
+    delay_s: float,
+    server: int,
+    give_back: Callable[[Handed], Flow[object]],
+    stop: Callable[[], bool] | None = None,
 ) -> Flow[Claim]:
     """Block on ``server``'s wake list up to ``delay_s``, claiming a handed-over grant.
 
     ``give_back`` releases a grant this flow claimed but cannot use: one the wait was
     interrupted after (then the interruption is raised again), or one whose validity already
-    ran out (returned as ``stale`` too, for the caller to count).
+    ran out (returned as ``stale`` too, for the caller to count). ``stop``: ends the wait
+    early (see :class:`~.effects.Pause`); a grant claimed as it did is returned as usual.
     """
     paused_at: float = yield NOW
     try:
-        element = yield Pause(delay_s, (server, plan.keys.wake), plan.keys.claimed)
+        element = yield Pause(delay_s, (server, plan.keys.wake), plan.keys.claimed, stop)
     except ClaimInterrupted as interrupted:
         handed = parse_handed(interrupted.element)
         if handed is not None:
@@ -112,6 +119,7 @@ def claim(
     deadline = claimed_deadline(plan, handed, paused_at)
     now: float = yield NOW
     claimed_at = now
+    was_refreshed = False
     if deadline > now and deadline - now < REFRESH_BELOW * full_validity_s(plan):
         # the grant came late in a long wait (or the lease is short against the claim
         # window): a fresh lease costs one extend round, as a woken waiter's acquire would
@@ -127,11 +135,19 @@ def claim(
             # there is nothing to use, nor to give back
             return Claim(None, 0.0, paused_at, woken=True)
         deadline = refreshed.deadline
+        was_refreshed = True
         now = yield NOW
     if deadline <= now:
         yield from give_back(handed)
         return Claim(None, 0.0, paused_at, woken=True, stale=handed)
-    return Claim(handed, deadline, paused_at, woken=True, claimed_at=claimed_at)
+    return Claim(
+        handed,
+        deadline,
+        paused_at,
+        woken=True,
+        claimed_at=claimed_at,
+        refreshed=was_refreshed,
+    )
 
 
 #: A claimed lease with less than this share of a fresh lease's validity left is extended.

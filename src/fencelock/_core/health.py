@@ -56,6 +56,9 @@ class Health:
 def skip_suspects(tally: Tally, targets: tuple[int, ...], suspect: tuple[bool, ...]) -> bool:
     """Whether a round may leave its suspect targets out: only while the others can still
     make the majority. With a majority suspect, asking everyone costs at most one server
-    timeout and is the only way the round can succeed (the servers may be back already)."""
-    healthy = sum(1 for index in targets if not suspect[index])
+    timeout and is the only way the round can succeed (the servers may be back already).
+    A server whose grant will not count (``tally.muted``: in its restart delay) is no healthy
+    voter: counting it would leave out the suspects the round needs."""
+    muted = tally.muted
+    healthy = sum(1 for index in targets if not suspect[index] and index not in muted)
     return tally.granted + healthy >= tally.needed

@@ -39,7 +39,7 @@ def keys_glob(name_prefix: str) -> str:
 @dataclass(frozen=True)
 class LockKeys:
     lock: str  # value = the holder's token, PX = the lease
-    fence: str  # the fence register F, no TTL (a few bytes per lock name, kept on purpose)
+    fence: str  # the fence register F (kept ``fence_retention`` after its last write)
     holder: str  # holder metadata (host, pid, purpose), same PX as the lock
     waiters: str  # set by a refused acquire: "someone is waiting", PX = the holder's lease
     wake: str  # release pushes one element here to wake one blocked waiter
@@ -73,6 +73,17 @@ def lock_keys(name: str) -> LockKeys:
         claimed=base + ":claimed",
         observers=base + ":observers",
     )
+
+
+def fair_queue_key(keys: LockKeys) -> str:
+    """A fair lock's line (zset: waiter id -> arrival ticket)."""
+    return keys.lock + ":fair"
+
+
+def limit_key(name: str) -> str:
+    """Where a semaphore's servers keep its ``limit`` while permits of it may be valid: a
+    Semaphore of another limit on the same name is refused (its permits would not count)."""
+    return f"{lock_keys(name).lock}:limit"
 
 
 def slot_keys(name: str, slot: int) -> LockKeys:

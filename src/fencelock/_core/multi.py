@@ -4,15 +4,23 @@ Two multilocks over overlapping keys take their common keys in the same order, s
 hold one while waiting for a key the other holds and waits behind (no deadlock). The wait is
 one budget shared by every key; when a key is not granted in time, the keys already taken are
 released (in reverse order) before the error is raised.
+
+While a later key is awaited the keys already taken are not yet renewed by anybody, so the
+wait for the next key is cut at the point where the earliest of them is due for renewal (a
+third of its lease before its deadline); they are extended there, and the wait goes on. A key
+whose extend is not confirmed ends the attempt (all released). So ``acquire()`` never returns
+a set with a key that ran out while another was awaited.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from ..errors import ConfigError, NotAcquired
+from ..errors import ConfigError, LockLost, NotAcquired
 from .acquire import Grant, acquire
 from .effects import NOW, Flow
+from .extend import ExtendOutcome, extend
 from .plan import LockPlan
 from .release import release
 
@@ -47,15 +55,27 @@ def acquire_all(
     grants: list[Grant] = []
     try:
         for plan in plans:
-            now: float = yield NOW
-            grant = yield from acquire(
-                plan,
-                max(0.0, deadline - now),
-                new_token=new_token,
-                holder_info=holder_info,
-                rand=rand,
-            )
+            while True:
+                now: float = yield NOW
+                until = min(deadline, _renew_by(grants)) if grants else deadline
+                try:
+                    grant = yield from acquire(
+                        plan,
+                        max(0.0, until - now),
+                        new_token=new_token,
+                        holder_info=holder_info,
+                        rand=rand,
+                    )
+                    break
+                except NotAcquired:
+                    if (yield NOW) >= deadline or not grants:
+                        raise
+                grants = yield from _refresh(plans, grants)
             grants.append(grant)
+        now = yield NOW
+        for plan, grant in zip(plans, grants, strict=True):
+            if grant.deadline <= now:  # a round outlasted an earlier key's lease
+                raise LockLost(plan.key, f"{plan.key!r}: ran out while the other keys were taken")
     except GeneratorExit:
         raise
     except BaseException:
@@ -67,6 +87,26 @@ def acquire_all(
             )
         raise
     return tuple(grants)
+
+
+def _renew_by(grants: Sequence[Grant]) -> float:
+    """When the earliest of ``grants`` is due for renewal: a third of its lease before its
+    deadline (monotonic s)."""
+    return min(g.deadline - (g.deadline - g.start) / 3.0 for g in grants)
+
+
+def _refresh(plans: Sequence[LockPlan], grants: list[Grant]) -> Flow[list[Grant]]:
+    """Extend every grant to a full lease; raises the extend's error (LockLost or
+    Unavailable) when one is not confirmed (the caller releases them all)."""
+    refreshed: list[Grant] = []
+    for plan, grant in zip(plans, grants, strict=False):
+        start: float = yield NOW
+        result = yield from extend(plan, grant.token, plan.ttl_ms, grant.deadline)
+        if result.outcome is not ExtendOutcome.CONFIRMED:
+            assert result.error is not None
+            raise result.error
+        refreshed.append(replace(grant, start=start, deadline=result.deadline))
+    return refreshed
 
 
 def try_acquire_all(

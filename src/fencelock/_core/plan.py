@@ -12,9 +12,10 @@ from .timing import drift_ms, seconds_to_ms
 @dataclass(frozen=True, slots=True)
 class Wiring:
     """Which script each flow of a plan runs, and on which keys (their ARGV are fixed by the
-    flows: acquire ``token, ttl_ms, info, woken, waiter, patience_ms``; commit ``token, fence``;
-    release ``token, handoff_ms, wake_ms``; extend ``token, ttl_ms``). A plain lock, a
-    semaphore's slot, a reader and a writer differ only here."""
+    flows: acquire ``token, ttl_ms, info, woken, waiter, patience_ms, fence_retention_ms``;
+    commit ``token, fence, fence_retention_ms``; release ``token, handoff_ms, wake_ms, ...``;
+    extend ``token, ttl_ms``). A plain lock, a semaphore's slot, a reader and a writer differ
+    only here."""
 
     acquire: str
     acquire_keys: tuple[str, ...]
@@ -64,7 +65,9 @@ class LockPlan:
       acknowledge (``WAIT``) before its vote counts; None: nothing (``replicas=0``);
     - ``hands_over``: a release that finds a waiter grants the lock to it in the same script
       (one round trip per hand-off; see :func:`hands_over`); False for the plans
-      :meth:`rewired` to other scripts and keys.
+      :meth:`rewired` to other scripts and keys;
+    - ``fence_retention_ms``: how long the fence register outlives its last write (0: for
+      ever), passed to every script that writes it (see ``fence_math.lua``).
     """
 
     key: str
@@ -82,6 +85,7 @@ class LockPlan:
     restart_delay: bool = False
     wait: Wait | None = None
     hands_over: bool = False
+    fence_retention_ms: int = 0
 
     @property
     def n(self) -> int:
@@ -136,6 +140,7 @@ def make_plan(
     wake_lifetime_s: float,
     restart_delay: bool = False,
     replicas: int = 0,
+    fence_retention_s: float | None = None,
 ) -> LockPlan:
     """A plan from validated options (seconds); raises nothing."""
     keys = lock_keys(key)
@@ -160,6 +165,7 @@ def make_plan(
         restart_delay=restart_delay,
         wait=wait,
         hands_over=hands_over(len(names), ttl_ms, handoff_ms, wait),
+        fence_retention_ms=seconds_to_ms(fence_retention_s) if fence_retention_s else 0,
     )
 
 

@@ -35,6 +35,10 @@ class Tally:
 
     n: int
     votes: dict[int, tuple[Outcome, object]] = field(default_factory=dict)
+    #: Servers whose grant will not count in this round (``restart_delay``: seen restarting
+    #: less than a ttl ago). Set before the round is sent: they are not healthy voters, so a
+    #: round does not leave suspect servers out counting on them.
+    muted: frozenset[int] = field(default_factory=frozenset, compare=False)
     # kept as votes are recorded (a round asks won/lost after every reply): the majority, and
     # the count of each outcome (plain ints: an Enum key hashes in Python)
     needed: int = field(init=False, repr=False, compare=False)
@@ -63,12 +67,7 @@ class Tally:
         if index in votes:
             raise ValueError(f"server {index} already voted in this round")
         votes[index] = (outcome, detail)
-        if outcome is Outcome.GRANTED:
-            self.granted += 1
-        elif outcome is Outcome.HELD:
-            self._held += 1
-        else:
-            self._errors += 1
+        self._count(outcome)
 
     def count(self, outcome: Outcome) -> int:
         if outcome is Outcome.GRANTED:

@@ -16,7 +16,7 @@ from .effects import Broadcast, Flow, NotSent, Repeat
 from .handover import offered_token
 from .plan import LockPlan
 from .quorum import Outcome, Tally, summary
-from .replies import classify_release
+from .replies import classify_release, with_wait
 from .rounds import lost_for_sure
 from .verdicts import outage, silent, votes
 
@@ -28,8 +28,16 @@ def release_round(
     *,
     waiter: str = "-",
     next_token: str = "",
+    await_only: tuple[int, ...] | None = None,
 ) -> Flow[Tally]:
     """Release ``token`` on ``targets`` (default: every server); returns the round's tally.
+    With ``replicas=k`` a server's release counts once ``WAIT`` saw it on k replicas (else
+    the lock could come back with a failover): one short of them is an outage vote.
+
+    ``await_only``: the round ends once these targets answered; the others are sent the
+    release all the same (in order after what was sent them before, on a shared connection)
+    but not waited for, and the release is repeated there in the background once they
+    answer (a cleanup that must not wait for a hung server).
 
     ``next_token`` (see :mod:`.handover`): where a waiter is registered, the lock is granted
     at once under this token to the first waiter that claims it; ``waiter``: the releaser's
@@ -42,28 +50,47 @@ def release_round(
         for index in everyone:
             if index not in targets:
                 tally.record(index, Outcome.HELD)
-    args = (token, plan.handoff_ms, plan.wake_ms, next_token, plan.ttl_ms, waiter)
+    args = release_args(plan, token, waiter=waiter, next_token=next_token)
+    stop = None
+    if await_only is not None:
+        awaited = await_only
+
+        def stop(tally: Tally) -> bool:
+            return all(index in tally.votes for index in awaited)
+
     yield Broadcast(
         plan.wiring.release,
         targets,
         plan.release_keys,
         args,
-        classify_release,
-        None,
+        with_wait(plan, classify_release, held=True),
+        stop,
         plan.budget_s,
         tally,
+        wait=plan.wait,
     )
     if tally.granted == len(targets):
         return tally  # released on every target: nothing can be late
     # "not ours" on a server we target may mean our grant there has not landed yet (a
     # straggler of the acquire round, on another connection): repeat the release there too
     refused = tuple(i for i in targets if tally.votes.get(i, (None, None))[0] is Outcome.HELD)
-    late = tuple(sorted(silent(tally) + _not_sent(tally) + refused))
+    unheard: tuple[int, ...] = ()  # targets not waited for (``await_only``), still silent
+    if await_only is not None:
+        unheard = tuple(i for i in targets if i not in tally.votes)
+    late = tuple(sorted(silent(tally) + _not_sent(tally) + refused + unheard))
     if late:
         yield Repeat(
             plan.wiring.release, late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
         )
     return tally
+
+
+def release_args(
+    plan: LockPlan, token: str, *, waiter: str = "-", next_token: str = ""
+) -> tuple[str | int, ...]:
+    """The release script's arguments (see :func:`release_round`)."""
+    return (token, plan.handoff_ms, plan.wake_ms, next_token, plan.ttl_ms, waiter,
+            plan.fence_retention_ms)  # fmt: skip
 
 
 def _not_sent(tally: Tally) -> tuple[int, ...]:

@@ -6,11 +6,14 @@ A permit is one of ``limit`` slots, and slot ``i`` is an ordinary lock key
 semaphore's ONE fence register, so fences grow per semaphore: a permit's grant is committed to
 a majority before it is handed out, and any later grant's majority intersects that one.
 
-One attempt is one round trip per server: ``sem_acquire.lua`` takes the first free slot in a
-fixed order. Servers with the same state answer the same slot; when they do not (a server
-missed a release, or restarted), the slot granted by a majority wins, our token is swept from
-the others, and when no slot reached a majority the attempt fails like a split vote and is
-repeated. Extend and release of a permit are those of a lock, on its slot's keys.
+One attempt is one round trip per server, in the lock's attempt flow (``grant_attempt``: the
+majority, ``restart_delay``, validity, cleanup and fence commit are written once) read as a vote
+on one slot: ``sem_acquire.lua`` takes a free slot, the proposed one first. Servers with the
+same state answer the same slot; when they do not (a server missed a release, or restarted),
+the slot granted by a majority wins and our token is swept from the others; when no slot
+reached a majority, the attempt is repeated at once proposing the slot that the most servers
+may still have free (see :func:`proposal`), so a split vote converges while capacity exists.
+Extend and release of a permit are those of a lock, on its slot's keys.
 
 Why not a counter per server (INCR on acquire, DECR on release): a holder that crashes never
 decrements, so capacity leaks for ever (a TTL on the counter frees everybody's permits at once);
@@ -21,22 +24,21 @@ which permits exist: two majorities can each count a different set of holders.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ..errors import ConfigError
-from .acquire import Attempt, AttemptFn, Grant, clean_up, grant_replies
-from .effects import IDENTITIES, NOW, Broadcast, Flow, Identify
-from .fencing import needs_commit
-from .keys import LockKeys, lock_keys, slot_keys
+from .acquire import Attempt, AttemptFn, Ballot, fence_commit_round, grant_attempt
+from .effects import NOW, Flow
+from .keys import LockKeys, limit_key, lock_keys, slot_keys
 from .plan import LockPlan, Wiring, lock_wiring
 from .quorum import Outcome, Tally
 from .release import release_round
-from .replies import AcquireReply, ProtocolError, classify_slot_acquire, with_wait
-from .rounds import AcquireDecision, Status, decide_acquire
+from .replies import AcquireReply, OtherLimit, ProtocolError, classify_slot_acquire
+from .rounds import AcquireDecision, Status
 from .timing import validity_ms
-from .verdicts import independence_problem
 
 #: The most slots a semaphore may have (every attempt sends three keys per slot).
 LIMIT_MAX = 1024
@@ -62,6 +64,10 @@ class SemaphorePlan:
     sweep: LockPlan
     acquire_keys: tuple[str, ...]
 
+    @property
+    def ballot(self) -> Ballot:
+        return semaphore_ballot(self)
+
 
 def make_semaphore_plan(base: LockPlan, limit: int) -> SemaphorePlan:
     shared = lock_keys(base.key)
@@ -71,6 +77,7 @@ def make_semaphore_plan(base: LockPlan, limit: int) -> SemaphorePlan:
     for plan in slots:
         acquire_keys += [plan.keys.lock, plan.keys.holder, plan.keys.handoff]
         sweep_keys += [plan.keys.lock, plan.keys.holder]
+    acquire_keys += [limit_key(base.key), slot_keys(base.key, limit).lock]
     sweep = base.rewired(
         shared,
         Wiring(
@@ -150,26 +157,15 @@ def commit_permit_fence(
     fence = decision.fence
     drift = plan.drift_ms(plan.ttl_ms)
     for _ in range(COMMIT_RETRIES + 1):
-        tally = Tally(plan.n)
-        for index in plan.everyone:
-            if index not in granted:
-                tally.record(index, Outcome.HELD)
 
         def enough(t: Tally, fence: int = fence, own: Mapping[int, int] = own) -> bool:
             ok = len(commit_ok(t, fence, own))
             return ok >= t.needed or ok + t.pending < t.needed
 
-        yield Broadcast(
-            plan.wiring.commit,
-            granted,
-            plan.commit_keys,
-            (token, str(fence)),
-            with_wait(plan, classify_permit_commit),
-            enough,
-            plan.budget_s,
-            tally,
-            wait=plan.wait,
+        tally, commit_round = fence_commit_round(
+            plan, granted, token, fence, classify_permit_commit, enough
         )
+        yield commit_round
         now: float = yield NOW
         validity = validity_ms(plan.ttl_ms, (now - start) * 1000.0, drift)
         ok = commit_ok(tally, fence, own)
@@ -229,64 +225,122 @@ def slot_view(tally: Tally, slot: int | None) -> Tally:
     return view
 
 
+def _choose(tally: Tally) -> tuple[int, Tally]:
+    slot = best_slot(tally)
+    return (0 if slot is None else slot), slot_view(tally, slot)
+
+
+def semaphore_ballot(sem: SemaphorePlan) -> Ballot:
+    """A permit round read as a vote on its best slot; the fence commit on that slot's keys."""
+
+    def commit(
+        plan: LockPlan, slot: int, token: str, decision: AcquireDecision, view: Tally, start: float
+    ) -> Flow[AcquireDecision]:
+        return commit_permit_fence(sem.slots[slot], token, decision, view, start)
+
+    return Ballot(settled=slot_settled, choose=_choose, commit=commit)
+
+
+#: How many more rounds one permit attempt runs after a split vote (each proposing a slot).
+SPLIT_ROUNDS = 2
+
+
+def search_order(proposed: int, limit: int) -> list[int]:
+    """The order ``sem_acquire.lua`` tries slots in: ``proposed`` first (if any), then the rest."""
+    rest = [i for i in range(limit) if i != proposed]
+    return [proposed, *rest] if 0 <= proposed < limit else rest
+
+
+def proposal(heard: Tally, proposed: int, limit: int) -> int | None:
+    """After a split vote (servers granted different slots, none a majority): the slot the
+    most servers may still have free, or None when no server had room.
+
+    A server that granted slot ``q`` had every slot it tried before ``q`` taken (it tries
+    them in :func:`search_order`); one that answered "held" had them all taken; one that did
+    not answer is unknown (it may have room). Ties go to the slot more servers granted, then
+    to the lowest. Proposing it converges: every server that has it free takes it.
+    """
+    counts = slot_counts(heard)
+    if not counts:
+        return None
+    order = search_order(proposed, limit)
+    taken: list[set[int]] = []
+    for index in range(heard.n):
+        outcome, detail = heard.votes.get(index, (Outcome.ERROR, None))
+        if outcome is Outcome.GRANTED and isinstance(detail, AcquireReply):
+            taken.append(set(order[: order.index(detail.slot)]))
+        elif outcome is Outcome.HELD:
+            taken.append(set(order))
+        else:
+            taken.append(set())
+    free = {slot: sum(slot not in t for t in taken) for slot in range(limit)}
+    return min(range(limit), key=lambda slot: (-free[slot], -counts[slot], slot))
+
+
+def _split(heard: Tally) -> bool:
+    counts = slot_counts(heard)
+    return sum(counts.values()) >= heard.needed and max(counts.values()) < heard.needed
+
+
+def _fresh(token: str, round_: int) -> str:
+    """Another token for a repeated round (a round's token may still be on its stragglers)."""
+    return hashlib.sha1(f"{token}:{round_}".encode()).hexdigest()
+
+
+def _refuse_other_limit(sem: SemaphorePlan, result: Attempt, heard: Tally) -> Flow[None]:
+    """Raise :class:`~fencelock.ConfigError` when a server keeps another limit for this name
+    (after giving back a permit the others granted): two Semaphores of different limits on
+    one name would each count only their own permits."""
+    others = sorted(
+        {
+            d.limit
+            for o, d in heard.votes.values()
+            if o is Outcome.ERROR and isinstance(d, OtherLimit)
+        }
+    )
+    if not others:
+        return
+    if result.grant is not None:
+        granted = tuple(heard.granted_indexes())
+        yield from release_round(sem.sweep, result.grant.token, granted)
+    theirs = ", ".join("a larger one" if limit < 0 else str(limit) for limit in others)
+    raise ConfigError(
+        f"semaphore {sem.base.key!r}: limit={sem.limit}, but permits with limit {theirs} may "
+        "be valid on the same name; every Semaphore of one name must use one limit (a new "
+        "limit applies once the old permits ran out)"
+    )
+
+
 def attempt_permit(
     sem: SemaphorePlan, token: str, info: str, *, woken: bool, waiter: str, patience: int
 ) -> Flow[Attempt]:
-    """One attempt at a permit; never raises for contention or outages (see ``attempt``)."""
-    plan = sem.base
-    if plan.n > 1:
-        problem = independence_problem((yield Identify(plan.budget_s)), plan.names)
-        if problem is not None:
-            raise problem
-    start: float = yield NOW
-    args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience)
-    tally = Tally(plan.n)
-    drift = plan.drift_ms(plan.ttl_ms)
-    slot: int | None = None
-    try:
-        yield Broadcast(
-            "sem_acquire",
-            plan.everyone,
-            sem.acquire_keys,
-            args,
-            with_wait(plan, classify_slot_acquire),
-            slot_settled,
-            plan.budget_s,
-            tally,
-            wait=plan.wait,
+    """One attempt at a permit; never raises for contention or outages (see ``attempt``):
+    the lock's attempt (:func:`~fencelock._core.acquire.grant_attempt`: majority,
+    ``restart_delay``, validity, cleanup) read as a vote on the best slot. When the vote
+    split over slots, it is repeated at once (with a fresh token, at most SPLIT_ROUNDS more
+    times) proposing the slot the most servers may still have free (:func:`proposal`)."""
+    proposed = -1
+    tried: set[int] = set()
+    for round_ in range(SPLIT_ROUNDS + 1):
+        own = token if round_ == 0 else _fresh(token, round_)
+        args = (own, sem.base.ttl_ms, info, "1" if woken else "0", waiter, patience, proposed,
+                sem.base.fence_retention_ms)  # fmt: skip
+        result = yield from grant_attempt(
+            sem.sweep, own, args, classify_slot_acquire, ballot=sem.ballot
         )
-        now: float = yield NOW
-        slot = best_slot(tally)
-        view = slot_view(tally, slot)
-        decision = decide_acquire(
-            view,
-            grant_replies(view),
-            ttl_ms=plan.ttl_ms,
-            elapsed_ms=(now - start) * 1000.0,
-            drift=drift,
-        )
-        problem = independence_problem((yield IDENTITIES), plan.names)
-        if problem is not None:
-            raise problem
-        if decision.status is Status.GRANTED and slot is not None and needs_commit(plan.n):
-            decision = yield from commit_permit_fence(sem.slots[slot], token, decision, view, start)
-    except GeneratorExit:
-        raise
-    except BaseException:
-        yield from clean_up(sem.sweep, token, tally)
-        raise
-    if decision.status is Status.GRANTED and slot is not None:
-        strays = tuple(
-            index
-            for index, (outcome, _) in sorted(tally.votes.items())
-            if outcome is Outcome.GRANTED and view.votes[index][0] is not Outcome.GRANTED
-        )
-        if strays:  # servers that gave us another slot: free it there
-            yield from release_round(sem.sweep, token, strays)
-        deadline = start + (plan.ttl_ms - drift) / 1000.0
-        return Attempt(Grant(token, decision.fence, start, deadline, slot), decision, view)
-    yield from clean_up(sem.sweep, token, tally)
-    return Attempt(None, decision, view)
+        heard = result.heard
+        if heard is not None:
+            yield from _refuse_other_limit(sem, result, heard)
+        if result.grant is not None or heard is None or not _split(heard):
+            return result
+        if result.decision.status is not Status.CONTENTION:
+            return result
+        tried.add(proposed)
+        next_slot = proposal(heard, proposed, sem.limit)
+        if next_slot is None or next_slot in tried:
+            return result
+        proposed = next_slot
+    return result
 
 
 def permit_attempt(sem: SemaphorePlan) -> AttemptFn:

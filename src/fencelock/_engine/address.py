@@ -4,6 +4,10 @@ An :class:`Address` is a value: two Locks built from the same URL, or from a URL
 client pointing at the same place, get equal addresses and so share one engine. It is built from
 a URL (:func:`from_url`) or read off a redis-py / valkey-py client (:func:`from_client`); the
 client itself is never used. Its :attr:`Address.name` never contains the password.
+
+Why this module is longer than 600 lines: every way a user names a server (URL schemes,
+redis-py and valkey-py clients, Cluster and Sentinel seeds, TLS options and their checks) must
+end in one comparable :class:`Address`; splitting the parsers would split that one rule.
 """
 
 from __future__ import annotations
@@ -11,23 +15,30 @@ from __future__ import annotations
 import functools
 import inspect
 import ssl
+import warnings
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InsecureTLSWarning
 from ..options import check_url, redact_url
 
 __all__ = [
     "TLS",
     "Address",
+    "InsecureTLSWarning",
+    "check_any_url",
     "cluster_seed_from_client",
     "cluster_seed_from_url",
     "from_client",
     "from_url",
+    "insecure_tls",
     "is_client",
     "is_cluster_client",
     "is_cluster_url",
+    "url_name",
+    "url_tls",
 ]
 
 _CERT_REQS: Final = {
@@ -101,6 +112,8 @@ class Address:
     """One server: a TCP ``host``/``port`` or a unix socket ``path``, its ``db`` and credentials.
 
     Equal addresses mean the same server to the engine. ``password`` is left out of the repr.
+    ``cluster``: a node of a Cluster (the seed of a ``redis+cluster://`` URL or a cluster
+    client, and every node reached through it): its handshake also asks the cluster's id.
     """
 
     host: str = "localhost"
@@ -110,6 +123,7 @@ class Address:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: TLS | None = None
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         if self.path is not None and not self.path:
@@ -156,6 +170,65 @@ def _int(value: str, name: str, url: str) -> int:
     return int(value)
 
 
+def _verification(options: dict[str, str], url: str) -> tuple[str, bool]:
+    """(``ssl_cert_reqs``, ``ssl_check_hostname``) of a TLS URL's options: the host name is
+    checked unless ``ssl_cert_reqs=none`` or ``ssl_check_hostname=false`` (as redis-py >= 6
+    does, whatever redis-py is installed); a warning when either turns checking off."""
+    cert_reqs = options.get("ssl_cert_reqs", "required").lower()
+    check_hostname = cert_reqs != "none"
+    if "ssl_check_hostname" in options:
+        check_hostname = _flag(options["ssl_check_hostname"], "ssl_check_hostname", url)
+    weak = insecure_tls(cert_reqs, check_hostname)
+    if weak:
+        warnings.warn(
+            f"{redact_url(url)}: {weak}: the connection is encrypted, but a machine in the "
+            "path can pose as the server (and read the password and the tokens)",
+            InsecureTLSWarning,
+            stacklevel=4,
+        )
+    return cert_reqs, check_hostname
+
+
+def _url_tls(options: dict[str, str], url: str) -> TLS:
+    """The TLS options a URL's ``ssl_*`` query gives (a rediss:// server's, a Sentinel's)."""
+    cert_reqs, check_hostname = _verification(options, url)
+    return TLS(
+        ca_certs=options.get("ssl_ca_certs") or None,
+        ca_path=options.get("ssl_ca_path") or None,
+        certfile=options.get("ssl_certfile") or None,
+        keyfile=options.get("ssl_keyfile") or None,
+        cert_reqs=cert_reqs,
+        check_hostname=check_hostname,
+    )
+
+
+def insecure_tls(cert_reqs: str, check_hostname: bool) -> str | None:
+    """What a TLS setting leaves unchecked, in words (None: the server is authenticated)."""
+    if cert_reqs == "none":
+        return "ssl_cert_reqs=none: the server's certificate is not verified"
+    if cert_reqs == "optional":
+        return "ssl_cert_reqs=optional: a server without a certificate is accepted"
+    if not check_hostname:
+        return "ssl_check_hostname=false: any certificate of the CA is accepted for this host"
+    return None
+
+
+def url_tls(url: str) -> tuple[str, bool] | None:
+    """(``ssl_cert_reqs``, ``ssl_check_hostname``) for a ``rediss://`` / ``valkeys://`` URL
+    as fencelock applies them on every path, plain redis-py clients included (None: no TLS).
+    Options fencelock does not know are left to redis-py.
+
+    Raises:
+        ConfigError: ``ssl_check_hostname`` is not a boolean word.
+    """
+    scheme = url.partition("://")[0].lower().removesuffix("+cluster").removesuffix("+sentinel")
+    if scheme not in ("rediss", "valkeys"):
+        return None
+    query = urlsplit(url).query
+    options = {name: values[-1] for name, values in parse_qs(query).items()}
+    return _verification(options, url)
+
+
 def from_url(url: str) -> Address:
     """The address a server URL names.
 
@@ -177,18 +250,7 @@ def from_url(url: str) -> Address:
     normal = check_url(url)
     parts = urlsplit(normal)
     shown = redact_url(url)
-    try:
-        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError:
-        raise ConfigError(f"malformed query in server URL {shown!r}") from None
-    options: dict[str, str] = {}
-    for name, values in query.items():
-        if name not in _URL_OPTIONS:
-            known = ", ".join(sorted(_URL_OPTIONS))
-            raise ConfigError(f"unknown option {name!r} in server URL {shown!r} (known: {known})")
-        if len(values) != 1:
-            raise ConfigError(f"option {name!r} is given twice in server URL {shown!r}")
-        options[name] = values[0]
+    options = _query_options(parts.query, _URL_OPTIONS, f"server URL {shown!r}")
 
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
@@ -206,18 +268,7 @@ def from_url(url: str) -> Address:
     ssl_given = sorted(name for name in options if name.startswith("ssl_"))
     tls: TLS | None = None
     if parts.scheme == "rediss":
-        cert_reqs = options.get("ssl_cert_reqs", "required").lower()
-        check_hostname = cert_reqs != "none"  # as redis-py >= 6 does for rediss:// URLs
-        if "ssl_check_hostname" in options:
-            check_hostname = _flag(options["ssl_check_hostname"], "ssl_check_hostname", url)
-        tls = TLS(
-            ca_certs=options.get("ssl_ca_certs") or None,
-            ca_path=options.get("ssl_ca_path") or None,
-            certfile=options.get("ssl_certfile") or None,
-            keyfile=options.get("ssl_keyfile") or None,
-            cert_reqs=cert_reqs,
-            check_hostname=check_hostname,
-        )
+        tls = _url_tls(options, url)
     elif ssl_given:
         raise ConfigError(
             f"{', '.join(ssl_given)} given in a URL without TLS: {shown!r} "
@@ -277,10 +328,24 @@ def _client_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
     return _standalone_types(), _cluster_types()
 
 
+#: The packages whose clients a server may be given as.
+_CLIENT_PACKAGES: Final = frozenset({"redis", "valkey"})
+
+
+def _maybe_client(obj: object) -> bool:
+    """Whether a class of ``obj`` (its own or a base) comes from redis-py or valkey-py: false
+    for a URL or a list of them without importing either package (tens of milliseconds, most
+    of a ``fencelock run``'s start)."""
+    return any(
+        getattr(cls, "__module__", "").partition(".")[0] in _CLIENT_PACKAGES
+        for cls in type(obj).__mro__
+    )
+
+
 def is_client(obj: object) -> bool:
     """True for a client :func:`from_client` reads: ``redis.Redis``, ``redis.asyncio.Redis``,
     and ``valkey.Valkey`` / ``valkey.asyncio.Valkey`` when valkey-py is installed."""
-    return isinstance(obj, _client_types()[0])
+    return _maybe_client(obj) and isinstance(obj, _client_types()[0])
 
 
 # connection kwargs fencelock cannot honour yet: refused when set to anything but these values
@@ -379,6 +444,15 @@ def from_client(client: object) -> Address:
             # redis-py ignores the flag without verification
             check_hostname=cert_reqs != "none" and bool(settings.get("ssl_check_hostname")),
         )
+        weak = insecure_tls(tls.cert_reqs, tls.check_hostname)
+        if weak:
+            warnings.warn(
+                f"{type(client).__name__} for {settings.get('host')}:{settings.get('port')}: "
+                f"{weak}: the connection is encrypted, but a machine in the path can pose as "
+                "the server (and read the password and the tokens)",
+                InsecureTLSWarning,
+                stacklevel=3,
+            )
     port = settings.get("port", 6379)
     if isinstance(port, str) and port.isdigit():
         port = int(port)
@@ -404,7 +478,9 @@ SENTINEL_SCHEMES: Final = {"redis+sentinel": False, "valkey+sentinel": False}
 class Sentinels:
     """A master found through Sentinels: ``hosts`` (host, port) asked in order for
     ``service``; ``master`` carries how to talk to the master once found (db, credentials,
-    TLS; its host and port are not used). The sentinels are asked without credentials.
+    TLS; its host and port are not used). The sentinels themselves are asked with
+    ``username``/``password`` (``AUTH``, when a password is given) over ``tls`` (when given,
+    verified like a server's).
 
     Equal values mean the same lock server (one vote), whatever the master is at the time.
     """
@@ -412,6 +488,9 @@ class Sentinels:
     hosts: tuple[tuple[str, int], ...]
     service: str
     master: Address = field(default_factory=Address)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: TLS | None = None
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -435,24 +514,79 @@ def is_sentinel_url(spec: object) -> bool:
     return isinstance(spec, str) and spec.split("://", 1)[0].lower() in SENTINEL_SCHEMES
 
 
+_SENTINEL_OPTIONS: Final = frozenset(
+    {"sentinel_username", "sentinel_password", "sentinel_ssl", "ssl_cert_reqs", "ssl_ca_certs",
+     "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"}
+)  # fmt: skip
+
+
+def _query_options(query: str, allowed: Collection[str], where: str) -> dict[str, str]:
+    """A URL's query as ``{option: value}``: each option known (in ``allowed``) and given once.
+
+    Raises:
+        ConfigError: a malformed query, an unknown option or one given twice (``where`` names
+            the URL, its password redacted).
+    """
+    try:
+        parsed = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigError(f"malformed query in {where}") from None
+    options: dict[str, str] = {}
+    for name, values in parsed.items():
+        if name not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise ConfigError(f"unknown option {name!r} in {where} (known: {known})")
+        if len(values) != 1:
+            raise ConfigError(f"option {name!r} is given twice in {where}")
+        options[name] = values[0]
+    return options
+
+
+def _sentinel_options(query: str, url: str) -> tuple[str | None, str | None, TLS | None]:
+    """(username, password, TLS) for asking the sentinels, from a Sentinel URL's query."""
+    shown = redact_url(url)
+    options = _query_options(query, _SENTINEL_OPTIONS, f"Sentinel URL {shown!r}")
+    username = options.get("sentinel_username") or None
+    password = options.get("sentinel_password")
+    if username is not None and password is None:
+        raise ConfigError(
+            f"Sentinel URL names sentinel_username but no sentinel_password: {shown!r}"
+        )
+    use_tls = _flag(options.get("sentinel_ssl", "false"), "sentinel_ssl", url)
+    ssl_given = sorted(name for name in options if name.startswith("ssl_"))
+    if ssl_given and not use_tls:
+        raise ConfigError(f"{', '.join(ssl_given)} need sentinel_ssl=true: {shown!r}")
+    tls: TLS | None = None
+    if use_tls:
+        tls = _url_tls(options, url)
+    return username, password, tls
+
+
 def sentinels_from_url(url: str) -> Sentinels:
     """The master a ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``
     URL names (port default 26379; ``valkey+sentinel://`` alike). The credentials are the
-    master's.
+    master's. Query options for the sentinels themselves: ``sentinel_username`` and
+    ``sentinel_password`` (sent with ``AUTH``), ``sentinel_ssl=true`` (TLS, with the ``ssl_*``
+    options of :func:`from_url`; the host name is checked unless told otherwise).
 
     >>> sentinels_from_url("redis+sentinel://s1:26379,s2/locks/2").name
     'sentinel:locks@s1:26379,s2:26379/2'
 
     Raises:
-        ConfigError: a malformed URL, no sentinel, no service name, a bad port or database.
+        ConfigError: a malformed URL, no sentinel, no service name, a bad port or database,
+            an unknown query option.
     """
     shown = redact_url(url)
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SENTINEL_SCHEMES:
         raise ConfigError(f"not a Sentinel URL: {shown!r}")
+    rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
-    if "?" in path or "#" in path:
-        raise ConfigError(f"a Sentinel URL takes no query or fragment: {shown!r}")
+    if "#" in path or "#" in query:
+        raise ConfigError(f"a Sentinel URL takes no fragment: {shown!r}")
+    sentinel_user, sentinel_password, sentinel_tls = (
+        _sentinel_options(query, url) if query else (None, None, None)
+    )
     userinfo, at, hostlist = netloc.rpartition("@")
     username = password = None
     if at:
@@ -472,8 +606,17 @@ def sentinels_from_url(url: str) -> Sentinels:
         raise ConfigError(f"a Sentinel URL names its service: {shown!r} (…/service)")
     if db_text and not db_text.isdigit():
         raise ConfigError(f"Sentinel URL database must be a number: {shown!r}")
+    if username and password is None:
+        raise ConfigError(f"Sentinel URL names a user but gives no password: {shown!r}")
     master = Address(db=int(db_text or 0), username=username, password=password)
-    return Sentinels(tuple(hosts), unquote(service), master)
+    return Sentinels(
+        tuple(hosts),
+        unquote(service),
+        master,
+        username=sentinel_user,
+        password=sentinel_password,
+        tls=sentinel_tls,
+    )
 
 
 def sentinel_pool(client: object) -> Any:
@@ -497,11 +640,20 @@ def sentinels_from_client(client: object) -> Sentinels:
         raise ConfigError(f"{type(client).__name__} is not a Sentinel-managed master client")
     if getattr(pool, "is_master", True) is False:
         raise ConfigError("a Sentinel replica client (slave_for) cannot hold locks")
-    hosts = tuple(
-        (address.host, address.port)
-        for address in (from_client(s) for s in pool.sentinel_manager.sentinels)
+    asked = [from_client(s) for s in pool.sentinel_manager.sentinels]
+    if not asked:
+        raise ConfigError("a Sentinel client without sentinels")
+    hosts = tuple((address.host, address.port) for address in asked)
+    # redis-py gives every sentinel the same sentinel_kwargs: the first one's stand for all
+    first = asked[0]
+    return Sentinels(
+        hosts,
+        str(pool.service_name),
+        from_client(client),
+        username=first.username,
+        password=first.password,
+        tls=first.tls,
     )
-    return Sentinels(hosts, str(pool.service_name), from_client(client))
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,13 +688,13 @@ def cluster_seed_from_url(url: str) -> Address:
     address = from_url(f"{_CLUSTER_SCHEMES[scheme.lower()]}://{rest}")
     if address.db != 0:
         raise ConfigError(f"a cluster has only database 0: {redact_url(url)!r}")
-    return address
+    return replace(address, cluster=True)
 
 
 def is_cluster_client(obj: object) -> bool:
     """True for ``redis.cluster.RedisCluster`` / ``redis.asyncio.cluster.RedisCluster`` (and
     valkey-py's cluster clients when installed)."""
-    return isinstance(obj, _client_types()[1])
+    return _maybe_client(obj) and isinstance(obj, _client_types()[1])
 
 
 def cluster_seed_from_client(client: object) -> Address:
@@ -588,4 +740,32 @@ def cluster_seed_from_client(client: object) -> Address:
     address = from_client(client_class(connection_pool=pool))
     if address.db != 0:
         raise ConfigError("a cluster has only database 0")
-    return address
+    return replace(address, cluster=True)
+
+
+def check_any_url(url: str) -> str:
+    """``url`` checked before any I/O: a server URL (:func:`~fencelock.options.check_url`, in
+    the form redis-py reads), or a ``redis+cluster://`` / ``redis+sentinel://`` URL (the
+    ``valkey`` spellings too) parsed as the Lock parses it and returned as given.
+
+    Raises:
+        ConfigError: a malformed URL of any kind.
+    """
+    if is_cluster_url(url):
+        cluster_seed_from_url(url)
+        return url
+    if is_sentinel_url(url):
+        sentinels_from_url(url)
+        return url
+    return check_url(url)
+
+
+def url_name(url: str) -> str | None:
+    """A password-free name for a cluster or Sentinel URL (None for a plain server URL):
+    ``"cluster:host:port"`` (the seed) or ``"sentinel:service@host:port,.../db"``."""
+    if is_cluster_url(url):
+        seed = cluster_seed_from_url(url)
+        return f"cluster:{seed.host}:{seed.port}"
+    if is_sentinel_url(url):
+        return sentinels_from_url(url).name
+    return None

@@ -27,12 +27,14 @@ from .server import Server
 
 __all__ = [
     "ASKING",
+    "BUSY_RETRY_S",
     "DOWN_S",
     "MAP_REQUEST",
     "MAX_HOPS",
     "SLOTS",
     "ClusterServer",
     "Redirect",
+    "busy_slot",
     "key_slot",
     "parse_redirect",
     "parse_slots",
@@ -43,6 +45,9 @@ SLOTS: Final = 16384
 MAX_HOPS: Final = 5
 #: A node that could not be reached is not chosen for its slots for this long (s).
 DOWN_S: Final = 1.0
+#: A call answered ``TRYAGAIN`` / ``CLUSTERDOWN`` is sent again this long (s) later, within
+#: its round's budget.
+BUSY_RETRY_S: Final = 0.02
 #: Sent before a call while the slot map is unknown or stale; its reply is the map.
 MAP_REQUEST: Final = command("CLUSTER", "SLOTS")
 #: Sent before a call redirected by ``ASK`` (its reply is ``OK``).
@@ -104,6 +109,15 @@ def parse_redirect(reply: object) -> Redirect | None:
     return Redirect(reply.kind == "ASK", slot, host.strip("[]"), int(port))
 
 
+def busy_slot(reply: object) -> bool:
+    """True for a reply that says the node did not run the call because its slot cannot be
+    served right now and will be soon: ``TRYAGAIN`` (a multi-key call while the slot is
+    being migrated and only some of the keys have moved) or ``CLUSTERDOWN`` (the slot is
+    unbound for a moment: a failover, a reshard). Such a call may be sent again: nothing of
+    it ran (a reply that counted it as an answer left a released lock held)."""
+    return isinstance(reply, ReplyError) and reply.kind in ("TRYAGAIN", "CLUSTERDOWN")
+
+
 def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -158,6 +172,7 @@ class ClusterServer(Server):
         self.stale = True  # the next call asks for the map
         self._turn = 0
         self._map_lock = threading.Lock()
+        self._seen: Identity | None = None  # the last connection identity learned
 
     # ---- nodes ------------------------------------------------------------------------------
 
@@ -254,10 +269,29 @@ class ClusterServer(Server):
         if identity is None:
             return
         self.recheck = False
-        if self.identity is None:
-            self.identity = replace(
-                identity, run_id=f"{self.name}:{identity.run_id}", role="master"
-            )
+        if identity is self._seen:
+            return
+        self._seen = identity  # a connection's identity: checked once per connection
+        if self.identity is not None:
+            # restart_delay: a primary seen restarting (its run_id changed at its address,
+            # e.g. restarted empty before a failover) may have forgotten leases of its slots;
+            # the cluster is one vote, so it does not vote until that node's uptime > ttl
+            restarted = [
+                node.identity.restarted_at
+                for node in list(self.nodes.values())
+                if node.identity is not None
+                and node.identity.restarted_at is not None
+                and node.identity.role == "master"
+            ]
+            latest = max(restarted, default=None)
+            known = self.identity.restarted_at
+            if latest is not None and (known is None or latest > known):
+                self.identity = replace(self.identity, restarted_at=latest)
+            return
+        # the cluster's id when the node gave it: the same cluster through two seeds is then
+        # one server twice to the independence check (a ConfigError)
+        who = identity.cluster_id or f"{self.name}:{identity.run_id}"
+        self.identity = replace(identity, run_id=f"cluster:{who}", role="master")
 
     def forget_connections(self) -> list[object]:
         conns = super().forget_connections()

@@ -2,7 +2,8 @@
 
 A new connection sends :func:`prelude` in the same write as its first request, so connecting
 costs no extra round trip: ``AUTH`` (when there is a password), ``SELECT`` (db != 0), then
-``INFO server`` and ``ROLE``, whose answers give the server's :class:`Identity`. RESP2 only:
+``INFO server`` and ``ROLE``, whose answers give the server's :class:`Identity` (and, on a
+Cluster's node, ``CLUSTER NODES``, which gives the cluster's id). RESP2 only:
 no ``HELLO`` and no ``CLIENT SETINFO``, so nothing here depends on the server's version.
 
 Failing ``AUTH`` or ``SELECT`` makes the connection useless: :class:`HandshakeError`. A user
@@ -21,6 +22,7 @@ __all__ = ["HandshakeError", "Identity", "identity_from", "prelude"]
 
 _INFO = command("INFO", "server")
 _ROLE = command("ROLE")
+_NODES = command("CLUSTER", "NODES")
 _AUTH_KINDS = frozenset({"NOAUTH", "WRONGPASS"})  # on INFO/ROLE: the AUTH did not happen
 
 
@@ -56,6 +58,10 @@ class Identity:
     version: tuple[int, int, int]
     uptime_s: int
     restarted_at: float | None = None
+    #: On a Cluster's node: the cluster's id, the smallest node id of ``CLUSTER NODES`` (the
+    #: same through any node, and across failovers: node ids stay); None elsewhere, or when
+    #: the node could not say (an ACL, say).
+    cluster_id: str | None = None
 
 
 def _setup_commands(address: Address) -> list[tuple[str, bytes]]:
@@ -79,7 +85,22 @@ def prelude(address: Address, *, identify: bool = True) -> tuple[bytes, int]:
     payload = b"".join(encoded for _, encoded in steps)
     if not identify:
         return payload, len(steps)
+    if address.cluster:
+        return payload + _INFO + _ROLE + _NODES, len(steps) + 3
     return payload + _INFO + _ROLE, len(steps) + 2
+
+
+def cluster_id_from(reply: object) -> str | None:
+    """The smallest node id of a ``CLUSTER NODES`` reply (None: an error, or none found)."""
+    if not isinstance(reply, bytes):
+        return None
+    ids = [
+        line.split(maxsplit=1)[0]
+        for line in reply.decode("utf-8", "replace").splitlines()
+        if line.strip()
+    ]
+    ids = [node_id for node_id in ids if re.fullmatch(r"[0-9a-f]{40}", node_id)]
+    return min(ids) if ids else None
 
 
 def _version(text: str) -> tuple[int, int, int]:
@@ -115,6 +136,12 @@ def identity_from(
     """
     if not identify:  # a prelude without INFO/ROLE: only the setup replies to check
         replies = [*replies, b"", [b"master"]]
+    cluster_id = None
+    if identify and address is not None and address.cluster:
+        if len(replies) < 3:
+            raise ValueError(f"a cluster node's prelude has 3 replies, got {len(replies)}")
+        cluster_id = cluster_id_from(replies[-1])
+        replies = replies[:-1]
     if len(replies) < 2:
         raise ValueError(f"the prelude has at least 2 replies, got {len(replies)}")
     server = address.name if address is not None else "server"
@@ -152,4 +179,5 @@ def identity_from(
         engine=engine,
         version=_version(version),
         uptime_s=int(uptime) if uptime.isdigit() else 0,
+        cluster_id=cluster_id,
     )

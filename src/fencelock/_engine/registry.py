@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..options import check_url, redact_url
@@ -41,24 +41,27 @@ _by_url: dict[str, Server] = {}
 _by_sentinels: dict[Sentinels, Server] = {}
 _by_client: weakref.WeakKeyDictionary[Any, Server] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+K = TypeVar("K")
+V = TypeVar("V")
 _fork_hooks: list[Callable[[], None]] = []
 
 
-def server_for_address(address: Address) -> Server:
+def _shared(table: dict[K, V], key: K, make: Callable[[], V]) -> V:
+    """The one value of ``key`` in ``table``, made on first use (under the registry's lock)."""
     with _lock:
-        server = _servers.get(address)
-        if server is None:
-            server = _servers[address] = Server(address)
-        return server
+        value = table.get(key)
+        if value is None:
+            value = table[key] = make()
+        return value
+
+
+def server_for_address(address: Address) -> Server:
+    return _shared(_servers, address, lambda: Server(address))
 
 
 def server_for_sentinels(sentinels: Sentinels) -> Server:
     """The one Server of a Sentinel-managed master (one vote, whichever node leads)."""
-    with _lock:
-        server = _by_sentinels.get(sentinels)
-        if server is None:
-            server = _by_sentinels[sentinels] = Server(sentinels.master, sentinels)
-        return server
+    return _shared(_by_sentinels, sentinels, lambda: Server(sentinels.master, sentinels))
 
 
 def _sentinel_server_for(spec: object) -> Server | None:
@@ -72,11 +75,7 @@ def _sentinel_server_for(spec: object) -> Server | None:
 
 
 def cluster_for_seed(seed: Address) -> ClusterServer:
-    with _lock:
-        cluster = _clusters.get(seed)
-        if cluster is None:
-            cluster = _clusters[seed] = ClusterServer(seed)
-        return cluster
+    return _shared(_clusters, seed, lambda: ClusterServer(seed))
 
 
 def _is_spec(item: object) -> bool:
@@ -153,7 +152,7 @@ def resolve(servers: object) -> tuple[Server, ...]:
 
 
 def server_started(host: str, port: int, *, new_server: bool = False) -> None:
-    """A server process was (re)started at ``host:port`` (``fencelock.servers`` says so): what
+    """A server process was (re)started at ``host:port`` (``fencelock.testing`` says so): what
     the engine knew of that address (suspect, cached scripts) was about another process; the
     next handshake reports the new identity. ``new_server``: not a restart of the same server
     but another one on a reused port, so the old identity is forgotten as well (it would make
@@ -173,6 +172,37 @@ def server_started(host: str, port: int, *, new_server: bool = False) -> None:
 
 
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _every_server() -> list[Server]:
+    """Every Server of the registry, a cluster's nodes included (a snapshot)."""
+    with _lock:
+        found: list[Server] = [*_servers.values(), *_by_sentinels.values()]
+        for cluster in list(_clusters.values()):
+            found.append(cluster)
+            found.extend(list(cluster.nodes.values()))
+    return found
+
+
+def sweep_idle() -> int:
+    """Close the idle blocking connections whose server closed them (a server stopped for
+    good, restarted, or that dropped idle clients): otherwise they are found stale only when
+    their address is used again, and a process that used many servers once (a test session)
+    kept one descriptor per connection. A connection in use is never touched: each idle one is
+    taken out of its server's list first (a caller may take it meanwhile: then it is skipped)
+    and put back if it is still good. Returns the number closed."""
+    closed = 0
+    for server in _every_server():
+        for conn in list(server.idle):
+            try:
+                server.idle.remove(conn)
+            except ValueError:  # taken by a caller meanwhile
+                continue
+            if conn.stale():  # closes it
+                closed += 1
+            else:
+                server.idle.append(conn)
+    return closed
 
 
 def on_fork(hook: Callable[[], None]) -> None:

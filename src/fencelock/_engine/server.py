@@ -99,6 +99,13 @@ class Server:
         return self._find()
 
     @property
+    def settled(self) -> bool:
+        """False when reading :attr:`address` now would ask the sentinels (a blocking look-up
+        of up to ``len(sentinels) * min(timeout_s, 0.5)`` s; the asyncio driver does it on a
+        worker thread)."""
+        return self.sentinels is None or time.monotonic() < self._trusted_until
+
+    @property
     def last_address(self) -> Address:
         """The address last used (no look-up; for a Sentinel-managed master not yet found,
         a placeholder)."""

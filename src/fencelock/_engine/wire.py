@@ -86,16 +86,23 @@ def client_id(reply: object) -> int | None:
 _NO_TAIL = (b"", 1)
 
 
+_ROLE = command("ROLE")
+
+
 def wait_tail(wait: Wait | None) -> tuple[bytes, int]:
     """What follows a script call in its pipeline, and the replies the pipeline produces."""
     if wait is None:
         return _NO_TAIL
-    return command("WAIT", wait.replicas, wait.timeout_ms), 2
+    # ROLE after the WAIT: how many replicas the server has (a lease's extend and release
+    # count when every one of them acknowledged, if fewer than asked: a promoted primary)
+    return command("WAIT", wait.replicas, wait.timeout_ms) + _ROLE, 3
 
 
 def answer(replies: list[object]) -> object:
     """The vote material of a script call's replies: the bare reply, or with a trailing
     ``WAIT`` both as a :class:`Replicated`."""
+    if len(replies) == 3:
+        return Replicated(replies[0], replies[1], replies[2])
     if len(replies) == 2:
         return Replicated(replies[0], replies[1])
     return replies[0]

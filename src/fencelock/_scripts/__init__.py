@@ -1,5 +1,8 @@
 """The Lua scripts, one file each with a KEYS/ARGV/returns header; loaded once at import.
 
+A line ``-- #include fence_math.lua`` is replaced by that file's text (the exact fence
+arithmetic, written once); a script's source and SHA are those of the text with it in place.
+
 Run them with EVALSHA and fall back to EVAL on NOSCRIPT (see the node shells); their SHA1s are
 pinned by ``tests/integration/test_scripts.py`` against a real server.
 """
@@ -7,8 +10,9 @@ pinned by ``tests/integration/test_scripts.py`` against a real server.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
-from importlib import resources
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,8 +24,25 @@ class Script:
     variadic: bool = False  # takes more keys after those (a semaphore's slots): sent as given
 
 
+#: A script line naming a shared part: the loader puts that file's text in its place.
+_INCLUDE = b"-- #include "
+
+
+def _read(name: str) -> bytes:
+    # the loader that found this package reads its files, from a directory or a zip archive
+    # alike (as importlib.resources would, without importing zipfile and tempfile: a few ms of
+    # every start)
+    assert __spec__ is not None and __spec__.loader is not None
+    loader: Any = __spec__.loader
+    return bytes(loader.get_data(os.path.join(os.path.dirname(__file__), name)))
+
+
 def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
-    source = resources.files(__package__).joinpath(f"{name}.lua").read_bytes()
+    lines = _read(f"{name}.lua").splitlines(keepends=True)
+    source = b"".join(
+        _read(line[len(_INCLUDE) :].strip().decode()) if line.startswith(_INCLUDE) else line
+        for line in lines
+    )
     return Script(name, source, hashlib.sha1(source).hexdigest(), numkeys, variadic)
 
 

@@ -1,42 +1,51 @@
 -- acquire: take the lock if it is free and bump the fence register, in one round trip.
--- KEYS[1] lock key            KEYS[2] fence register (no TTL)     KEYS[3] holder info
+-- KEYS[1] lock key            KEYS[2] fence register              KEYS[3] holder info
 -- KEYS[4] waiters (zset: waiter id -> expiry in server ms)        KEYS[5] hand-off marker
 -- KEYS[6] wake list           KEYS[7] claimed list (a claimed hand-off grant's element)
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
 -- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
--- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F
+-- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
+-- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F (a decimal
+--                      string: exact past 2^53; see fence_math.lua)
 --         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way;
 --                      or a handed-over grant waits to be claimed: pttl_ms = its window left);
 --                      a caller that will wait is registered as a waiter until
 --                      min(pttl + 1 s, its remaining wait + 100 ms) from now
 -- A grant that release.lua handed to the waiters (its token starts with 'h') and that no
 -- waiter claimed before its wake element expired (nobody moved it to KEYS[7]) is void: the
--- caller takes its place.
+-- caller takes its place. A hand-off marker without a TTL is stray (release.lua always sets a
+-- PX): it is deleted, not obeyed.
+-- An error reply, nothing granted, when F is not a fence or is at 2^63 - 1.
+-- #include fence_math.lua
+-- #include waiting.lua
 local now = redis.call('TIME')
 local function refuse(pttl)
   local patience = tonumber(ARGV[6])
   if patience <= 0 then return {0, pttl} end
-  local hint = tonumber(ARGV[2])
-  if pttl > 0 then hint = pttl + 1000 end
-  hint = math.min(hint, patience + 100)
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('ZADD', KEYS[4], now_ms + hint, ARGV[5])
-  if redis.call('PTTL', KEYS[4]) < hint then redis.call('PEXPIRE', KEYS[4], hint) end
+  waiter_enlist(KEYS[4], ARGV[5], now_ms, waiter_hint(pttl, ARGV[2], patience))
   return {0, pttl}
 end
 local function grant()
+  local fence, why = fence_next(KEYS[2], now)
+  if not fence then
+    redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
+    return redis.error_reply(why)
+  end
   if ARGV[4] == '1' then redis.call('DEL', KEYS[5]) end
   if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
-  local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
-  redis.call('SET', KEYS[2], string.format('%.0f', fence))
+  fence_store(KEYS[2], fence, now, ARGV[7])
   if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
   return {1, fence}
 end
-if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[5]) == 1 then
-  return refuse(redis.call('PTTL', KEYS[5]))
+if ARGV[4] ~= '1' then
+  local marker = redis.call('PTTL', KEYS[5])
+  if marker >= 0 then return refuse(marker) end
+  -- release.lua always sets the marker with a PX: one without (restored, persisted, written by
+  -- hand) would turn every newcomer away for ever, so it is removed
+  if marker == -1 then redis.call('DEL', KEYS[5]) end
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('DEL', KEYS[7])  -- the lock was free: a claim left there (its holder gone) is over

@@ -1,5 +1,5 @@
 -- fair_acquire: queue the caller by arrival ticket, and grant only to the head of the queue.
--- KEYS[1] lock key            KEYS[2] fence register (no TTL)     KEYS[3] holder info
+-- KEYS[1] lock key            KEYS[2] fence register              KEYS[3] holder info
 -- KEYS[4] queue (zset: waiter id -> arrival ticket)
 -- KEYS[5] heartbeats (zset: waiter id -> expiry in server ms)
 -- KEYS[6] wake prefix: a waiter's wake list is KEYS[6] .. ':' .. its id (same hash tag)
@@ -8,6 +8,7 @@
 --         token starts with it (fair_release finds the holder's entry from the token)
 -- ARGV[5] the caller's ticket ('0': not known yet; an arrival here proposes one)
 -- ARGV[6] heartbeat lease of the caller's queue entry, in ms
+-- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
 -- returns {1, fence}          granted; fence = max(F + 1, server TIME in us), stored in F; the
 --                             caller's wake list is gone, its entry stays (it keeps its place
 --                             if the grant does not reach a majority) until fair_release
@@ -16,6 +17,9 @@
 --                             caller's position here (0 for '-'): ARGV[5], or a proposal
 --                             max(last ticket + 1, server TIME in us) for a new arrival
 -- Entries whose heartbeat ran out (a waiter that died) are removed first (64 per call at most).
+-- The fence is a decimal string (exact past 2^53; see fence_math.lua); an error reply, nothing
+-- granted, when F is not a fence or is at 2^63 - 1.
+-- #include fence_math.lua
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -49,9 +53,10 @@ local head = redis.call('ZRANGE', KEYS[4], 0, 0)
 if #head > 0 and head[1] ~= id then
   return {0, 0, string.format('%.0f', ticket)}
 end
+local fence, why = fence_next(KEYS[2], now)
+if not fence then return redis.error_reply(why) end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if id ~= '-' then redis.call('DEL', KEYS[6] .. ':' .. id) end
-local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
-redis.call('SET', KEYS[2], string.format('%.0f', fence))
+fence_store(KEYS[2], fence, now, ARGV[7])
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
 return {1, fence}

@@ -1,10 +1,11 @@
 -- release: compare-and-delete; then hand the lock to the waiters, or wake one of them.
 -- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] waiters (zset: id -> expiry in server ms)
 -- KEYS[4] wake list  KEYS[5] hand-off marker
--- KEYS[6] fence register (no TTL)          KEYS[7] claimed list
+-- KEYS[6] fence register                  KEYS[7] claimed list
 -- ARGV[1] token      ARGV[2] hand-off window in ms   ARGV[3] wake element lifetime in ms
 -- ARGV[4] the next holder's token, starting with 'h' ('': only wake a waiter)
 -- ARGV[5] the next holder's lease in ms    ARGV[6] the releaser's waiter id ('-': none)
+-- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
 -- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
 -- With a waiter still registered: given a next token, the lock is granted at once under it
 -- (PX ARGV[5], fence = max(F + 1, server TIME in us), stored in F) and the wake list holds
@@ -12,7 +13,9 @@
 -- blocked on it claims the grant by moving it to KEYS[7] (BLMOVE); an unclaimed one is void
 -- once it expired (see acquire.lua; a release of the grant's token removes its element).
 -- Without a next token, one waiter is woken to try again, and newcomers step aside for
--- ARGV[2] ms.
+-- ARGV[2] ms; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
+-- then answers why: a release never fails for want of a next fence).
+-- #include fence_math.lua
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
@@ -37,12 +40,11 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
   if redis.call('ZCARD', KEYS[3]) > 0 then
     redis.call('DEL', KEYS[4])
-    if ARGV[4] ~= '' then
+    local fence = nil
+    if ARGV[4] ~= '' then fence = fence_next(KEYS[6], now) end
+    if fence then
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-      local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      local fence = string.format('%.0f',
-        math.max(tonumber(redis.call('GET', KEYS[6]) or '0') + 1, now_us))
-      redis.call('SET', KEYS[6], fence)
+      fence_store(KEYS[6], fence, now, ARGV[7])
       redis.call('DEL', KEYS[7])
       redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5] .. ' ' .. ARGV[2])
       redis.call('PEXPIRE', KEYS[4], ARGV[2])

@@ -2,10 +2,10 @@
 -- KEYS[1] readers (zset: token -> expiry in server ms)
 -- ARGV[1] token      ARGV[2] new lease in ms
 -- returns 1 extended; 0 not a live reader (expired or released): nothing changed
+-- #include waiting.lua
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not expiry or tonumber(expiry) <= now_ms then
+if not reader_live(KEYS[1], ARGV[1], now_ms) then
   return 0
 end
 local ttl = tonumber(ARGV[2])

@@ -4,6 +4,7 @@
 -- KEYS[2] waiters (zset: waiter id -> expiry in server ms)   KEYS[3] wake list
 -- ARGV[1] token      ARGV[2] hand-off window in ms (unused)   ARGV[3] wake element lifetime in ms
 -- returns 1 released (it was a live reader); 0 not a live reader: nothing changed
+-- #include waiting.lua
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
@@ -11,12 +12,6 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end
 if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
-  local waiting = math.min(redis.call('ZCARD', KEYS[2]), 64)
-  if waiting > 0 then
-    redis.call('DEL', KEYS[3])
-    for _ = 1, waiting do redis.call('RPUSH', KEYS[3], '1') end
-    redis.call('PEXPIRE', KEYS[3], ARGV[3])
-  end
+  waiters_wake(KEYS[2], KEYS[3], now_ms, ARGV[3])
 end
 return 1

@@ -4,6 +4,7 @@
 -- KEYS[4] wake list
 -- ARGV[1] token      ARGV[2] hand-off window in ms (unused)   ARGV[3] wake element lifetime in ms
 -- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
+-- #include waiting.lua
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
@@ -11,12 +12,6 @@ redis.call('DEL', KEYS[1], KEYS[2])
 if redis.call('EXISTS', KEYS[3]) == 1 then
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-  local waiting = math.min(redis.call('ZCARD', KEYS[3]), 64)
-  if waiting > 0 then
-    redis.call('DEL', KEYS[4])
-    for _ = 1, waiting do redis.call('RPUSH', KEYS[4], '1') end
-    redis.call('PEXPIRE', KEYS[4], ARGV[3])
-  end
+  waiters_wake(KEYS[3], KEYS[4], now_ms, ARGV[3])
 end
 return 1

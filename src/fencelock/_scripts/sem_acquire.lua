@@ -1,32 +1,65 @@
--- sem_acquire: take the first free slot of a semaphore and bump its ONE fence register.
--- KEYS[1] fence register (no TTL)     KEYS[2] waiters (zset: waiter id -> expiry in server ms)
+-- sem_acquire: take a free slot (the proposed one first) and bump the ONE fence register.
+-- KEYS[1] fence register             KEYS[2] waiters (zset: waiter id -> expiry in server ms)
 -- KEYS[3 + 3i] slot i's lock key      KEYS[4 + 3i] slot i's holder info
 -- KEYS[5 + 3i] slot i's hand-off marker             (variadic: 3 keys per slot, i = 0..limit-1)
+-- KEYS[#KEYS - 1] the limit key (the limit of the semaphore's permits; TTL: the longest
+--                 lease granted)           KEYS[#KEYS] slot 'limit''s lock key (out of range)
 -- ARGV[1] token      ARGV[2] lease in ms      ARGV[3] holder info ('' = none)
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
 -- ARGV[5] waiter id, stable over one acquire() call
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
--- returns {1, fence, slot}  granted slot (0-based, the first free one in KEYS order);
+-- ARGV[7] the proposed slot (0-based; absent, or out of range: none): tried first, then the
+--         others in KEYS order
+-- ARGV[8] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
+-- returns {1, fence, slot}  granted slot (0-based, the first free one in that order);
 --                           fence = max(F + 1, server TIME in us), stored in F
 --         {0, pttl_ms}      every slot is taken (pttl: the shortest time until one frees,
 --                           -1 unknown); a caller that will wait is registered as a waiter
--- A slot whose hand-off marker is set (a release woke a waiter) is skipped unless woken.
+--         {2, limit}        another limit is in use on this name (-1: unknown, a slot
+--                           beyond ours is held): nothing changed
+-- A slot whose hand-off marker is set (a release woke a waiter) is skipped unless woken; a
+-- marker without a TTL is stray and deleted.
+-- The fence is a decimal string (exact past 2^53; see fence_math.lua); an error reply, nothing
+-- granted, when F is not a fence or is at 2^63 - 1.
+-- #include fence_math.lua
+-- #include waiting.lua
 local now = redis.call('TIME')
 local woken = ARGV[4] == '1'
 local shortest = -1
-local slots = (#KEYS - 2) / 3
-for i = 0, slots - 1 do
+local slots = (#KEYS - 4) / 3
+local limit_key = KEYS[#KEYS - 1]
+local stored = tonumber(redis.call('GET', limit_key) or '')
+if stored and stored ~= slots then return {2, stored} end
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {2, -1} end
+local proposed = tonumber(ARGV[7] or '') or -1
+if proposed >= slots then proposed = -1 end
+for step = 0, slots - 1 do
+  local i = step  -- the proposed slot first, then the others in order
+  if step == 0 then i = math.max(proposed, 0) elseif step <= proposed then i = step - 1 end
   local key = KEYS[3 + 3 * i]
   local marker = KEYS[5 + 3 * i]
-  local pttl
-  if not woken and redis.call('EXISTS', marker) == 1 then
+  local pttl = -2
+  if not woken then
     pttl = redis.call('PTTL', marker)
+    if pttl == -1 then  -- stray: release.lua always sets it with a PX (see acquire.lua)
+      redis.call('DEL', marker)
+      pttl = -2
+    end
+  end
+  if pttl >= 0 then
+    -- the marker's window: this slot is kept for a woken waiter
   elseif redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local fence, why = fence_next(KEYS[1], now)
+    if not fence then
+      redis.call('DEL', key)  -- just taken by us: no permit without a fence
+      return redis.error_reply(why)
+    end
     if woken then redis.call('DEL', marker) end
+    if redis.call('PTTL', limit_key) < tonumber(ARGV[2]) then
+      redis.call('SET', limit_key, slots, 'PX', ARGV[2])
+    end
     redis.call('ZREM', KEYS[2], ARGV[5])
-    local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    local fence = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, now_us)
-    redis.call('SET', KEYS[1], string.format('%.0f', fence))
+    fence_store(KEYS[1], fence, now, ARGV[8])
     if ARGV[3] ~= '' then redis.call('SET', KEYS[4 + 3 * i], ARGV[3], 'PX', ARGV[2]) end
     return {1, fence, i}
   else
@@ -36,11 +69,7 @@ for i = 0, slots - 1 do
 end
 local patience = tonumber(ARGV[6])
 if patience > 0 then
-  local hint = tonumber(ARGV[2])
-  if shortest > 0 then hint = shortest + 1000 end
-  hint = math.min(hint, patience + 100)
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('ZADD', KEYS[2], now_ms + hint, ARGV[5])
-  if redis.call('PTTL', KEYS[2]) < hint then redis.call('PEXPIRE', KEYS[2], hint) end
+  waiter_enlist(KEYS[2], ARGV[5], now_ms, waiter_hint(shortest, ARGV[2], patience))
 end
 return {0, shortest}

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core.effects import Repeat
-from .._engine.registry import on_fork
+from .._engine.cluster import ASKING, busy_slot
+from .._engine.registry import on_fork, sweep_idle
 from .._engine.server import LateCall, Server
 from .._engine.wire import CALLS, PING, full_call, is_noscript
 from .._scripts import BY_NAME
@@ -41,6 +42,8 @@ LATE_AGAIN_S = 0.05
 LATE_RETRY_S = 0.1
 #: The loop looks at its timers at least this often (s).
 TICK_S = 0.05
+#: Idle connections closed by their server are closed here this often (s).
+SWEEP_S = 5.0
 
 
 class _Job:
@@ -78,6 +81,9 @@ class _Straggler(_Job):
         keys: tuple[str, ...],
         args: tuple[str | int, ...],
         land: bool,
+        tail: bytes = b"",
+        own: int = 1,
+        asking: bool = False,
     ) -> None:
         super().__init__(server, conn, give_up_at)
         self.suspect_at = suspect_at
@@ -85,13 +91,21 @@ class _Straggler(_Job):
         self.keys = keys
         self.args = args
         self.land = land
+        self.tail = tail  # the WAIT sent after the script (replicas=k), or nothing
+        self.own = own  # the replies of the call itself: the script's, then the WAIT's
+        self.asking = asking  # the call went after ASKING (a cluster's ASK redirect)
 
     def replied(self, replies: list[object]) -> bool:
         script = BY_NAME.get(self.script)  # None: a bare handshake
-        if script is not None and is_noscript(replies[-1]):  # the last: after ASKING...
+        # the script's own reply: after a slot map request or ASKING, before a WAIT's
+        if script is not None and is_noscript(replies[-self.own]):
             self.server.loaded.discard(script.sha)
             if self.land:
-                self.conn.start(full_call(script, self.keys, self.args), 1)
+                payload = full_call(script, self.keys, self.args) + self.tail
+                if self.asking:  # ASKING holds for one command only
+                    self.conn.start(ASKING + payload, self.own + 1)
+                else:
+                    self.conn.start(payload, self.own)
                 return False
         elif script is not None:
             self.server.loaded.add(script.sha)
@@ -114,20 +128,44 @@ class _Probe(_Job):
 
 class _LateBatch(_Job):
     def __init__(
-        self, server: Server, conn: Connection, give_up_at: float, calls: list[LateCall]
+        self,
+        server: Server,
+        conn: Connection,
+        give_up_at: float,
+        calls: list[LateCall],
+        owner: Server | None = None,
+        moved: Callable[[Server, Server], None] | None = None,
     ) -> None:
         super().__init__(server, conn, give_up_at)
         self.calls = calls
+        self.owner = owner  # the cluster this node serves (None: a standalone server)
+        self.moved = moved  # called with (node, cluster) when a call goes to another node
 
     def replied(self, replies: list[object]) -> bool:
         super().replied(replies)
         now = time.monotonic()
+        owner = self.owner
         for call, reply in zip(self.calls, replies, strict=False):
             if is_noscript(reply):
                 self.server.loaded.discard(BY_NAME[call.script].sha)
                 call.due = now
                 self.server.late.append(call)
                 continue
+            if owner is not None:
+                redirect = owner.redirected(reply)
+                if redirect is not None and not redirect[1] and redirect[0] is not self.server:
+                    # MOVED: the slot lives on another node now; the call goes there
+                    call.due = now
+                    redirect[0].late.append(call)
+                    if self.moved is not None:
+                        self.moved(redirect[0], owner)
+                    continue
+                if busy_slot(reply) or redirect is not None:
+                    # not run (a slot being migrated: TRYAGAIN, or ASK while keys move):
+                    # not an answer; tried again here until the slot settles (then MOVED)
+                    call.due = now + LATE_RETRY_S
+                    self.server.late.append(call)
+                    continue
             call.answered += 1
             if call.answered < 2 and now < call.until:
                 call.due = now + LATE_AGAIN_S
@@ -156,6 +194,8 @@ class Background:
         self._jobs: dict[int, _Job] = {}
         self._watched: set[Server] = set()
         self._busy: set[Server] = set()  # a probe or a late batch in flight
+        self._owners: dict[Server, Server] = {}  # a cluster's node -> the cluster
+        self._swept_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="fencelock-background", daemon=True)
         self._thread.start()
 
@@ -171,10 +211,17 @@ class Background:
         keys: tuple[str, ...],
         args: tuple[str | int, ...],
         land: bool,
+        tail: bytes = b"",
+        own: int = 1,
+        asking: bool = False,
     ) -> None:
-        """Take over a straggler of a decided round."""
+        """Take over a straggler of a decided round: ``tail``, the ``WAIT`` sent after its
+        script; ``own``, the replies of the call itself (the script's and its WAIT's, the
+        last ones); ``asking``: it was sent after ``ASKING``."""
         give_up_at = max(suspect_at, time.monotonic() + GIVE_UP_S)
-        job = _Straggler(server, conn, give_up_at, suspect_at, script, keys, args, land)
+        job = _Straggler(
+            server, conn, give_up_at, suspect_at, script, keys, args, land, tail, own, asking
+        )
         self._post(lambda: self._add(job))
 
     def watch(self, server: Server) -> None:
@@ -182,13 +229,28 @@ class Background:
         self._post(lambda: self._watched.add(server))
 
     def repeat(self, servers: tuple[Server, ...], effect: Repeat) -> None:
-        """Queue a ``Repeat`` effect's script for each of its target servers."""
+        """Queue a ``Repeat`` effect's script for each of its target servers. The calls are
+        queued by the thread itself: a server's queue of late calls is touched by the thread
+        only (a caller appending to it while the thread walked it broke the walk, and a call
+        appended just before the thread cleared a spent queue was lost)."""
         now = time.monotonic()
         until = now + effect.until_s
         for index in effect.targets:
-            server = servers[index].route(effect.keys)  # a cluster's node
-            server.late.append(LateCall(effect.script, effect.keys, effect.args, until, due=now))
-            self._post(lambda s=server: self._watched.add(s))  # type: ignore[misc]
+            owner = servers[index]
+            server = owner.route(effect.keys)  # a cluster's node
+            call = LateCall(effect.script, effect.keys, effect.args, until, due=now)
+            self._post(lambda s=server, o=owner, c=call: self._queue(s, o, c))  # type: ignore[misc]
+
+    def _queue(self, node: Server, owner: Server, call: LateCall) -> None:
+        """In the thread: queue ``call`` on ``node`` and watch it."""
+        node.late.append(call)
+        self._watch_node(node, owner)
+
+    def _watch_node(self, node: Server, owner: Server) -> None:
+        """Watch ``node`` (in the thread); ``owner``: the cluster it serves, if it is one's."""
+        if owner is not node:
+            self._owners[node] = owner
+        self._watched.add(node)
 
     def _post(self, action: Callable[[], None]) -> None:
         self._inbox.append(action)
@@ -244,6 +306,9 @@ class Background:
                 job.failed(TimeoutError("no answer"))
         for server in list(self._watched):
             self._tend(server, now)
+        if now - self._swept_at >= SWEEP_S:
+            self._swept_at = now
+            sweep_idle()
 
     def _advance(self, job: _Job) -> None:
         try:
@@ -278,7 +343,8 @@ class Background:
         for call in due:
             server.late.remove(call)
         payload = b"".join(CALLS.encode(server, c.script, c.keys, c.args)[1] for c in due)
-        self._start(server, _LateBatch, payload, len(due), due)
+        owner = self._owners.get(server)
+        self._start(server, _LateBatch, payload, len(due), due, owner, self._watch_node)
 
     def _start(
         self,
@@ -297,7 +363,7 @@ class Background:
             idle = Connection(server.last_address)  # never started: nothing to close
             kind(server, idle, time.monotonic() + timeout, *extra).failed(exc)
             return
-        conn = Connection(address, identify=target.recheck)
+        conn = Connection(address)
         job = kind(server, conn, time.monotonic() + timeout, *extra)
         job.node = target
         try:

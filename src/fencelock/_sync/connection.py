@@ -27,6 +27,7 @@ import selectors
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from typing import Final
 
 from .._engine.address import Address
@@ -45,6 +46,10 @@ _CONNECTING: Final = 1  # TCP/unix connect in progress
 _TLS: Final = 2  # TLS handshake in progress
 _READY: Final = 3  # connected (and TLS done)
 _CLOSED: Final = 4
+
+
+class Stopped(Exception):
+    """:meth:`Connection.call` gave up waiting because its ``stop`` said so."""
 
 
 def _sockaddr(address: Address) -> tuple[socket.AddressFamily, object]:
@@ -99,6 +104,7 @@ class Connection:
         self._error: OSError | None = None  # a failure found in start(), raised by advance()
         self._tls_events = _WRITE
         self._fresh = True
+        self._wrote = False  # a byte of the request in flight was written to the socket
         self._plain = address.tls is None
 
     def __repr__(self) -> str:
@@ -110,6 +116,14 @@ class Connection:
     def fresh(self) -> bool:
         """True until the first request completed (never used before)."""
         return self._fresh
+
+    @property
+    def wrote(self) -> bool:
+        """True once any byte of the last request started (with its handshake, on a new
+        connection) was written to the socket. Until then the server cannot have read it, so
+        it may be sent again on another connection; once written, its outcome is unknown
+        until its replies arrive (the server may have run it): it is never sent again."""
+        return self._wrote
 
     @property
     def busy(self) -> bool:
@@ -135,6 +149,7 @@ class Connection:
             OSError: no socket could be created (e.g. out of file descriptors).
             RuntimeError: a request is already in flight.
         """
+        self._wrote = False
         if self._state == _CLOSED:
             raise ConnectionAbortedError(f"{self.address.name}: the connection is closed")
         if self._busy:
@@ -156,6 +171,8 @@ class Connection:
                 self._out += payload
                 self._error = exc
                 return
+            if sent:
+                self._wrote = True
             if sent < len(payload):
                 self._out += payload[sent:]
             return
@@ -244,6 +261,8 @@ class Connection:
                 sent = sock.send(out)
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
+            if sent:
+                self._wrote = True
             del out[:sent]
 
     def _read(self) -> None:
@@ -440,12 +459,21 @@ class Connection:
                 return None
             poller.poll(math.ceil(remaining * 1000.0))
 
-    def call(self, payload: bytes, replies: int, timeout_s: float) -> list[object]:
+    def call(
+        self,
+        payload: bytes,
+        replies: int,
+        timeout_s: float,
+        stop: Callable[[], bool] | None = None,
+        stop_check_s: float = math.inf,
+    ) -> list[object]:
         """Blocking convenience: send one request and wait for its replies on a selector of
-        its own, at most ``timeout_s`` seconds.
+        its own, at most ``timeout_s`` seconds; ``stop`` is looked at every ``stop_check_s``.
 
         Raises:
             TimeoutError: no complete answer within ``timeout_s`` (the connection is closed).
+            Stopped: ``stop()`` turned true first (the request is still in flight: hear it
+                out with :meth:`finish`, or close the connection).
             OSError: as :meth:`advance`.
         """
         deadline = time.monotonic() + timeout_s
@@ -457,6 +485,8 @@ class Connection:
                 result = self.advance()
                 if result is not None:
                     return result
+                if stop is not None and stop():
+                    raise Stopped(f"{self.address.name}: the wait was stopped")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.close()
@@ -467,4 +497,4 @@ class Connection:
                 if wanted != events:
                     selector.modify(self.fileno(), wanted)
                     events = wanted
-                selector.select(remaining)
+                selector.select(min(remaining, stop_check_s))

@@ -16,12 +16,14 @@ import select
 import selectors
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._core.effects import (
     IDENTITIES,
     NOW,
     SETTLE,
+    STOP_CHECK_S,
     Broadcast,
     ClaimInterrupted,
     Effect,
@@ -30,11 +32,12 @@ from .._core.effects import (
     NotSent,
     Pause,
     Repeat,
+    Settle,
 )
 from .._core.health import skip_suspects
 from .._core.quorum import Tally
 from .._core.replies import classify_handshake
-from .._engine.cluster import ASKING, MAP_REQUEST, MAX_HOPS
+from .._engine.cluster import ASKING, BUSY_RETRY_S, MAP_REQUEST, MAX_HOPS, busy_slot
 from .._engine.handshake import HandshakeError
 from .._engine.registry import on_fork
 from .._engine.resp import ReplyError, bulks, command
@@ -52,7 +55,7 @@ from .._engine.wire import (
 )
 from .._scripts import Script
 from .background import background
-from .connection import Connection
+from .connection import Connection, Stopped
 
 T = TypeVar("T")
 
@@ -61,8 +64,10 @@ T = TypeVar("T")
 STALE_CHECK_AFTER_S = 0.05
 
 
-def take(server: Server) -> Connection:
-    """An idle connection to ``server`` that the server has not closed, or a new one.
+def take(server: Server, *, check: bool = False) -> Connection:
+    """An idle connection to ``server`` that the server has not closed, or a new one;
+    ``check``: even one used a moment ago is checked (after a failure or a redirect, when a
+    connection closed under us is likely: a request written on it could not be sent again).
 
     Raises:
         NoMaster: (a ConnectionError) no sentinel named a Sentinel-managed master.
@@ -77,11 +82,12 @@ def take(server: Server) -> Connection:
         if conn.address is not address and conn.address != address:  # a node no longer leading
             conn.close()
             continue
-        if time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S or not conn.stale():
+        recent = not check and time.monotonic() - conn.last_used < STALE_CHECK_AFTER_S
+        if recent or not conn.stale():
             return conn
         conn.close()
         server.connection_failed()  # closed by the server: it may have restarted, so ask
-    return Connection(address, identify=server.recheck)
+    return Connection(address)
 
 
 def _ready(server: Server, recent: float) -> Connection | None:
@@ -136,9 +142,13 @@ class _Call:
 
 
 def retry_on_new_connection(call: _Call, exc: BaseException) -> bool:
-    """True when ``exc`` says the (reused) connection was dead before the server read it."""
+    """True when ``exc`` says the (reused) connection was dead before any of the request was
+    written. A request of which a byte was written is never sent again (DESIGN v0.3): the
+    server may have run it (a reset after the script ran: a ``CLIENT KILL``, a proxy), so
+    its outcome is unknown, a failed vote, cleaned up by token."""
     return (
         not call.retried
+        and not call.conn.wrote
         and isinstance(exc, ConnectionError)
         and not isinstance(exc, HandshakeError)
     )
@@ -151,6 +161,9 @@ class _Round:
         self.effect = effect
         self.deadline = deadline
         self.calls: dict[int, _Call] = {}
+        # calls a cluster node did not run (TRYAGAIN, CLUSTERDOWN), to send again: (when,
+        # the call, the replies it got)
+        self.later: list[tuple[float, _Call, list[object]]] = []
 
 
 class _Poller:
@@ -203,6 +216,19 @@ def _reset_after_fork() -> None:
 
 
 on_fork(_reset_after_fork)
+
+
+def _sleep(delay_s: float, stop: Callable[[], bool] | None) -> None:
+    """Sleep ``delay_s`` seconds, or until ``stop()`` (looked at every STOP_CHECK_S)."""
+    if stop is None:
+        time.sleep(delay_s)
+        return
+    until = time.monotonic() + delay_s
+    while not stop():
+        rest = until - time.monotonic()
+        if rest <= 0:
+            return
+        time.sleep(min(rest, STOP_CHECK_S))
 
 
 class Driver:
@@ -264,6 +290,11 @@ class Driver:
                 return None, None  # every call of the last round has answered already
             self._collect(pending, settle=True)
             return pending.effect.tally, None
+        if isinstance(effect, Settle):
+            if pending is None:
+                return None, None
+            self._collect(pending, settle=True, until=time.monotonic() + effect.within_s)
+            return None, (pending if pending.calls else None)
         if isinstance(effect, Pause):
             return self._pause(effect), pending
         if isinstance(effect, Repeat):
@@ -302,7 +333,10 @@ class Driver:
                 node = server.route(effect.keys)
                 script, payload = self._calls.encode(node, effect.script, effect.keys, effect.args)
                 try:
-                    conn = take(node)
+                    # checked even if used a moment ago: the lean round could not take it, so
+                    # something is unusual (a cluster, a failure); a request written on a
+                    # connection the server had closed could not be sent again
+                    conn = take(node, check=True)
                 except ConnectionError as exc:  # no sentinel named the master
                     self._failed(server, exc)
                     tally.record(index, *effect.classify(exc))
@@ -361,7 +395,7 @@ class Driver:
                 fd = conn.fileno()
                 poll.register(fd, _MASKS[conn.events()])
                 open_[fd] = (index, server, conn, script, payload)
-            while open_ and widened is None:
+            while open_ and widened is None and not (stop is not None and stop(tally)):
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:
                     break
@@ -478,28 +512,45 @@ class Driver:
         call.retried = True
         call.node.connection_failed()  # a restarted server: learn its new identity
         try:
-            call.conn = Connection(call.node.address, identify=call.node.recheck)
+            call.conn = Connection(call.node.address)
         except ConnectionError:
             return False
         return True
 
-    def _collect(self, round_: _Round, *, settle: bool) -> None:
+    def _collect(self, round_: _Round, *, settle: bool, until: float = math.inf) -> None:
         """Read replies until the round may stop (``settle``: until every call answered) or
-        its deadline; calls still silent at the deadline are votes of TimeoutError."""
+        its deadline; calls still silent at the deadline are votes of TimeoutError. ``until``
+        (monotonic s, before the deadline): stop reading then, the silent calls left open."""
         effect = round_.effect
         tally = effect.tally
         stop = None if settle else effect.stop
         selector = _selector()
         calls = round_.calls
-        while calls and not (stop is not None and stop(tally)):
-            timeout = round_.deadline - time.monotonic()
+        end = min(round_.deadline, until)
+        while (calls or round_.later) and not (stop is not None and stop(tally)):
+            timeout = end - time.monotonic()
+            if timeout > 0 and round_.later:
+                timeout = min(timeout, self._send_due(round_))
+                if timeout <= 0:
+                    continue
             if timeout <= 0:
+                # past the deadline (this process may have been stopped, or slowed by a long
+                # GC, while the replies arrived): what is there already is read before the
+                # silent calls are judged
+                for fd in selector.select(0.0):
+                    call = calls.get(fd)
+                    if call is not None:
+                        self._advance(round_, call, selector)
                 break
             for fd in selector.select(timeout):
                 call = calls.get(fd)
                 if call is None:
                     continue
                 self._advance(round_, call, selector)
+        if round_.later and time.monotonic() >= round_.deadline:
+            for _, call, replies in round_.later:  # their last answer is their vote
+                tally.record(call.index, *effect.classify(answer(replies[-call.own :])))
+            round_.later.clear()
         if calls and time.monotonic() >= round_.deadline:
             for fd, call in list(calls.items()):
                 del calls[fd]
@@ -509,6 +560,19 @@ class Driver:
                 call.server.node_failed(call.node)
                 self._failed(call.server, exc)
                 tally.record(call.index, *effect.classify(exc))
+
+    def _send_due(self, round_: _Round) -> float:
+        """Send the calls of ``round_.later`` that are due (to their slot's owner as the map
+        has it now); seconds until the next one is due (inf: none left)."""
+        now = time.monotonic()
+        later = round_.later
+        due = [entry for entry in later if entry[0] <= now]
+        if due:
+            later[:] = [entry for entry in later if entry[0] > now]
+            for _, call, _ in due:
+                call.hops = 0  # bounded by the round's deadline, one retry per BUSY_RETRY_S
+                self._send_to(round_, call, call.server.route(round_.effect.keys), asking=False)
+        return min((entry[0] for entry in later), default=math.inf) - now
 
     def _advance(self, round_: _Round, call: _Call, selector: _Poller) -> None:
         conn = call.conn
@@ -569,6 +633,15 @@ class Driver:
         del round_.calls[fd]
         _selector().unregister(fd)
         node.idle.append(conn)
+        if (
+            script is not None
+            and server.is_cluster
+            and busy_slot(reply)
+            and time.monotonic() + BUSY_RETRY_S < round_.deadline
+        ):
+            # the node ran nothing (a slot being migrated, a failover): sent again shortly
+            round_.later.append((time.monotonic() + BUSY_RETRY_S, call, replies))
+            return
         if redirect is not None and call.hops < MAX_HOPS and time.monotonic() < round_.deadline:
             self._send_to(round_, call, redirect[0], asking=redirect[1])
             return
@@ -588,7 +661,7 @@ class Driver:
         effect = round_.effect
         call.hops += 1
         call.node = node
-        call.conn = take(node)
+        call.conn = take(node, check=True)
         call.retried = call.conn.fresh
         if call.script is None:
             payload = PING
@@ -603,10 +676,13 @@ class Driver:
 
     def _elsewhere(self, round_: _Round, call: _Call, exc: BaseException) -> bool:
         """A cluster node could not be reached: try the call on another node (which knows
-        where the slot lives now), within the hops and the round's budget. True if sent."""
+        where the slot lives now), within the hops and the round's budget. True if sent.
+        Never once a byte of it was written: the node may have run it (its outcome is
+        unknown), and another node's ``MOVED`` would send it back there to run again."""
         server = call.server
         if (
             not server.is_cluster
+            or call.conn.wrote
             or call.hops >= MAX_HOPS
             or not isinstance(exc, OSError)
             or isinstance(exc, HandshakeError)
@@ -683,6 +759,9 @@ class Driver:
                 keys=effect.keys,
                 args=effect.args,
                 land=effect.land,
+                tail=call.tail,
+                own=call.own,
+                asking=call.asking,
             )
 
     def _failed(self, server: Server, exc: BaseException) -> None:
@@ -699,17 +778,18 @@ class Driver:
         """Sleep up to ``delay_s``, or block on the wake list of one server: True if woken
         (with ``claim``: the element moved to the claim list, or None)."""
         delay = effect.delay_s
-        if delay < 0.001:
+        stop = effect.stop
+        if delay < 0.001 or (stop is not None and stop()):
             return None if effect.claim is not None else False
         if effect.wake is None or self.servers[effect.wake[0]].health.suspect:
-            time.sleep(delay)
+            _sleep(delay, stop)
             return None if effect.claim is not None else False
         server = self.servers[effect.wake[0]]
         node = server.route((effect.wake[1],))
         try:
             conn = take(node)
         except ConnectionError:  # no sentinel named the master: sleep instead
-            time.sleep(delay)
+            _sleep(delay, stop)
             return None if effect.claim is not None else False
         started = time.monotonic()
         if effect.claim is None:
@@ -721,7 +801,7 @@ class Driver:
         try:
             if effect.claim is not None and conn.client_id is None:
                 conn.client_id = client_id(conn.call(CLIENT_ID, 1, self.timeout_s)[0])
-            replies = conn.call(payload, 1, delay + self.timeout_s)
+            replies = conn.call(payload, 1, delay + self.timeout_s, stop, STOP_CHECK_S)
         except BaseException as exc:
             reply = None
             if effect.claim is not None and not conn.closed:
@@ -735,17 +815,19 @@ class Driver:
                 return reply
             if not isinstance(exc, Exception):
                 raise
+            if isinstance(exc, Stopped):  # the flow's stop: the server did nothing wrong
+                return None if effect.claim is not None else False
             self._failed(server, exc)
             rest = delay - (time.monotonic() - started)
             if rest > 0:
-                time.sleep(rest)
+                _sleep(rest, stop)
             return None if effect.claim is not None else False
         node.idle.append(conn)
         popped = replies[0]
         if isinstance(popped, ReplyError):  # refused (an ACL, an old server): sleep, not spin
             rest = delay - (time.monotonic() - started)
             if rest > 0:
-                time.sleep(rest)
+                _sleep(rest, stop)
         if effect.claim is not None:
             return popped if isinstance(popped, bytes) else None
         return isinstance(popped, list)

@@ -7,22 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, cast
 
 from .._core.acquire import Grant
-from .._definition import UNSET
-from .._family import MultiFront, RWFront
-from .._front import SemaphoreFront
+from .._frontend.definition import UNSET
+from .._frontend.family import MultiFront, RWFront
+from .._frontend.fronts import SemaphoreFront
 from ..options import Seconds, seconds
-from .lock import Lease, Lock, LostCallback, Permit, holding
+from .lock import Cancel, Lease, Lock, LostCallback, Permit, holding
 
 
 class Semaphore(SemaphoreFront, Lock):
     __doc__ = SemaphoreFront.__doc__
 
-    def acquire(self, wait: Seconds = UNSET) -> Permit:
-        """A permit, waiting up to ``wait`` seconds; see :meth:`fencelock.Lock.acquire`."""
-        return self._lease(self._driver.run(self._acquire_flow(wait)))
+    def acquire(self, wait: Seconds = UNSET, *, cancel: Cancel | None = None) -> Permit:
+        """A permit, waiting up to ``wait`` seconds (ended early by ``cancel``); see
+        :meth:`fencelock.Lock.acquire`."""
+        cancelled = None if cancel is None else cancel.is_set
+        return self._lease(self._driver.run(self._acquire_flow(wait, cancelled)))
 
     def try_acquire(self) -> Permit | None:
         """One attempt: a permit, or ``None`` when all ``limit`` are taken."""
@@ -31,6 +33,24 @@ class Semaphore(SemaphoreFront, Lock):
 
     def _lease(self, grant: Grant) -> Permit:
         return Permit(self, grant)
+
+    @contextmanager
+    def hold(
+        self,
+        wait: Seconds = UNSET,
+        renew: bool = True,
+        *,
+        max_hold: Seconds | None = None,
+        on_lost: LostCallback | None = None,
+        at_least: Seconds | None = None,
+    ) -> Iterator[Permit]:
+        """``with sem.hold(wait=5) as permit``: a permit held (renewed with ``renew``) while
+        the block runs, released after; see :meth:`fencelock.Lock.hold` for the arguments,
+        the loss and what is raised."""
+        with super().hold(
+            wait, renew, max_hold=max_hold, on_lost=on_lost, at_least=at_least
+        ) as permit:
+            yield cast(Permit, permit)
 
 
 class RWLock(RWFront[Lock]):

@@ -4,27 +4,35 @@ the blocking driver. Nothing here decides anything the flows decide."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import cast
+from typing import TYPE_CHECKING, Protocol, cast
 
-import redis
-
-from .._context import pop_held, push_held
 from .._core.acquire import Grant
-from .._definition import UNSET, Definition
-from .._front import LockFront
-from .._lease import LeaseState, check_at_least, lingers, log
-from .._reentry import HeldBase
+from .._frontend.context import pop_held, push_held
+from .._frontend.definition import UNSET, Definition
+from .._frontend.fronts import LockFront
+from .._frontend.lease import LeaseState, check_at_least, lingers, log
+from .._frontend.reentry import HeldBase
 from ..errors import LockLost
 from ..options import Seconds, seconds
 from .driver import Driver
 from .renewal import Renewal, scheduler, watch_deadline
 
-ServerSpec = str | redis.Redis
-Servers = ServerSpec | Sequence[ServerSpec]
+if TYPE_CHECKING:  # redis-py is not imported for a type: a URL needs none of it
+    import redis
+
+    ServerSpec = str | redis.Redis
+    Servers = ServerSpec | Sequence[ServerSpec]
 LostCallback = Callable[["Lease"], object]
+
+
+class Cancel(Protocol):
+    """What ``acquire(cancel=)`` takes: a :class:`threading.Event`, or any flag like it."""
+
+    def is_set(self) -> bool: ...
 
 
 class Lock(LockFront):
@@ -34,21 +42,28 @@ class Lock(LockFront):
         super()._setup(definition)
         self._driver = Driver(definition.servers, definition.options.server_timeout)
 
-    def acquire(self, wait: Seconds = UNSET) -> Lease:
+    def acquire(self, wait: Seconds = UNSET, *, cancel: Cancel | None = None) -> Lease:
         """Acquire, waiting up to ``wait`` seconds (default: the lock's ``wait``).
 
         ``wait=0`` makes exactly one attempt. Waiters are woken when the holder releases.
+        ``cancel``: a :class:`threading.Event` (or anything with an ``is_set()`` method; only
+        that is called, so a signal handler may flip it) that ends the wait early once set:
+        the call raises as at its deadline, about 50 ms later (or once the round in flight,
+        if any, ended), making no attempt after it was seen; a grant that came as it was set
+        is returned (release it). One call waits as one waiter, keeping its place in line,
+        where calls of a short ``wait`` in a loop would each join the line anew.
         Raises :class:`~fencelock.NotAcquired` when others still hold it at the deadline,
         :class:`~fencelock.Unavailable` when too few servers answered to reach a majority,
         :class:`~fencelock.ConfigError` for a bad ``wait`` or servers that are not independent.
         """
+        cancelled = None if cancel is None else cancel.is_set
         reentry = self._reentry
         if reentry is None:
-            return self._lease(self._driver.run(self._acquire_flow(wait)))
+            return self._lease(self._driver.run(self._acquire_flow(wait, cancelled)))
         current = threading.current_thread()
         entry = reentry.again(self._lock_id, current)
         if entry is None:
-            lease = self._lease(self._driver.run(self._acquire_flow(wait)))
+            lease = self._lease(self._driver.run(self._acquire_flow(wait, cancelled)))
             entry = reentry.first(self._lock_id, current, lease)
         return cast(Lease, Held(entry))
 
@@ -105,6 +120,16 @@ class Lock(LockFront):
             yield lease
 
     def __enter__(self) -> Lease:
+        """``with lock as lease``: acquire (the lock's default ``wait``), release on exit.
+
+        This is the **un-renewed** form: nothing extends the lease while the block runs, so
+        a block that outlasts ``ttl`` runs on without the lock (``lease.remaining()`` falls
+        to 0; no timer sets ``lease.lost``). Use :meth:`hold` (``with lock.hold() as
+        lease``) for a lease renewed until the block ends and :class:`~fencelock.LockLost`
+        when it was lost. Raises as
+        :meth:`acquire` does; leaving the block raises :class:`~fencelock.LockLost` if the
+        release found the lock no longer ours.
+        """
         lease = self.acquire()
         push_held(self, lease)
         return lease
@@ -190,7 +215,23 @@ class Lease(LeaseState):
         lease was still valid. After an extend whose outcome is unknown, the lease keeps the
         earlier of its old and its new deadline.
         """
-        self._extended(self._driver.run(self._extend_flow(ttl)))
+        try:
+            self._extended(self._driver.run(self._extend_flow(ttl)))
+        finally:
+            self._rearm()
+
+    def _deadline_lowered(self) -> None:
+        if self._renewal is not None:
+            watch_deadline(self)
+
+    def _rearm(self) -> None:
+        """After a change of deadline (a user's extend): the next renewal and the deadline
+        timer follow the new deadline (a shorter lease left them at the old one's pace)."""
+        if self._done() or self._renewal is None:
+            return
+        self._renewal.stop()
+        self._renewal = Renewal(self, self._next_renewal(time.monotonic(), self._every_s))
+        watch_deadline(self)
 
     def release(self) -> None:
         """Delete the lock wherever it is still ours (compare-and-delete); renewal stops first.
@@ -298,7 +339,7 @@ class Held(HeldBase):
     __slots__ = ()
 
     def release(self) -> None:
-        if self._leave():
+        if self._leave() and not self._kept_at_release():
             self._entry.lease.release()
 
     def _release_quietly(self) -> None:

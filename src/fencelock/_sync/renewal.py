@@ -1,16 +1,17 @@
 """Timers of blocking leases: renewals, and the deadline at which a lease is declared lost.
 
-One scheduler thread keeps every timer in a heap. Renewals run on a pool of their own, which
-nothing else uses (late releases and probes live on the background thread), so a sick server
-cannot starve them; a deadline check is cheap and runs on the scheduler thread itself, so
-``lost`` is set at the local deadline, not when some late round ends. Leases are held weakly.
+One scheduler thread keeps every timer in a heap (none is re-armed in a forked child).
+Renewals run on a pool of their own, which nothing else uses (late releases and probes live
+on the background thread), so a sick server cannot starve them; a deadline check is cheap
+and runs on the scheduler thread itself, so ``lost`` is set at the local deadline, not when
+some late round ends. Leases are held weakly.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -22,6 +23,10 @@ from .._engine.registry import on_fork
 
 #: Renewal rounds in flight at once, at the most (each bounded by one round budget).
 RENEW_WORKERS = 8
+#: The timers thread sleeps at most this long at a time (s), whatever the next timer.
+MAX_SLEEP_S = 60.0
+
+log = logging.getLogger("fencelock.timers")
 
 
 class Renewable(Protocol):
@@ -33,6 +38,8 @@ class Renewable(Protocol):
     def _renew_step(self) -> float | None: ...
 
     def _deadline_passed(self) -> None: ...
+
+    def _lose_at_deadline(self) -> Callable[[], None] | None: ...
 
     def _done(self) -> bool: ...
 
@@ -56,13 +63,20 @@ class _Scheduler:
 
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    timeout = None if not self._heap else self._heap[0][0] - time.monotonic()
-                    self._cv.wait(timeout)
-                _, _, action = heapq.heappop(self._heap)
-            with contextlib.suppress(Exception):  # an action must never stop the timers
+            try:
+                with self._cv:
+                    while not self._heap or self._heap[0][0] > time.monotonic():
+                        # bounded: a wait past threading.TIMEOUT_MAX raises OverflowError
+                        timeout = (
+                            MAX_SLEEP_S
+                            if not self._heap
+                            else min(MAX_SLEEP_S, self._heap[0][0] - time.monotonic())
+                        )
+                        self._cv.wait(timeout)
+                    _, _, action = heapq.heappop(self._heap)
                 action()
+            except Exception:  # one job's failure must never stop the timers of every lease
+                log.exception("a fencelock timer job failed; the timers go on")
 
 
 _scheduler: _Scheduler | None = None
@@ -88,7 +102,11 @@ def watch_deadline(lease: Renewable) -> None:
         if current is None or current._done():
             return
         if time.monotonic() >= current.deadline:
-            scheduler().submit(current._deadline_passed)  # callbacks off the timer thread
+            # ``lost`` is set here, on the timer thread, at the deadline; only the callbacks
+            # go to the pool, where renewal rounds of other leases may be queued before them
+            rest = current._lose_at_deadline()
+            if rest is not None:
+                scheduler().submit(rest)
         else:
             scheduler().at(current.deadline, check)
 
@@ -116,7 +134,11 @@ class Renewal:
         lease = self._ref()
         if self.stopped or lease is None or lease._done():
             return
-        next_at = lease._renew_step()
+        try:
+            next_at = lease._renew_step()
+        except Exception:  # renewal of this lease stops; its deadline timer reports it lost
+            log.exception("renewal of the lease on %r failed", getattr(lease, "key", "?"))
+            next_at = None
         if next_at is None or self.stopped:
             self.stopped = True
             return
@@ -125,17 +147,15 @@ class Renewal:
 
 
 def _reset_after_fork() -> None:
-    """In a forked child the timer thread and the pool are gone: start anew and re-arm the
-    renewals the child inherited (its leases keep renewing, and their deadlines are watched)."""
-    global _scheduler, _scheduler_lock
+    """In a forked child the timer thread and the pool are gone: start anew, with nothing
+    armed. Every lease the child inherited is the parent's and is lost there (reason "fork",
+    see ``_lease``): renewing it would keep a dead parent's lock alive."""
+    global _scheduler, _scheduler_lock, _renewing
     _scheduler = None
     _scheduler_lock = threading.Lock()
     for renewal in list(_renewing):
-        lease = renewal._ref()
-        if renewal.stopped or lease is None:
-            continue
-        scheduler().at(time.monotonic(), renewal._due)
-        watch_deadline(lease)
+        renewal.stopped = True
+    _renewing = weakref.WeakSet()
 
 
 on_fork(_reset_after_fork)

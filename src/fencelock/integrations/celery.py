@@ -50,7 +50,7 @@ from typing import Any
 
 import celery
 
-from .._context import innermost, pop_held, push_held
+from .._frontend.context import innermost, pop_held, push_held
 from .._sync.lock import Lease
 from ..client import Client
 from ..errors import ConfigError, NotAcquired

@@ -40,12 +40,28 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from .. import __version__, _hooks
+from .. import __version__
+from .._frontend import hooks as _hooks
 
 __all__ = ["instrument", "uninstrument"]
 
 _SCOPE = "fencelock"
 _FAILED = frozenset({_hooks.UNAVAILABLE, _hooks.ERROR})
+
+#: The counters, in the order ``_Observer`` keeps them: (name, unit, description).
+_COUNTERS = (
+    (
+        "fencelock.contention",
+        "{acquisition}",
+        "Acquisitions that found the lock held by another",
+    ),
+    ("fencelock.lease.lost", "{lease}", "Leases known lost (expired, taken, or not renewable)"),
+    (
+        "fencelock.renewal.failures",
+        "{renewal}",
+        "Watchdog renewals not confirmed by a majority of servers",
+    ),
+)
 
 _installed: _Observer | None = None
 
@@ -61,20 +77,9 @@ class _Observer:
             unit="s",
             description="Time taken by each acquire() / try_acquire(), waiting included",
         )
-        self._contention = meter.create_counter(
-            "fencelock.contention",
-            unit="{acquisition}",
-            description="Acquisitions that found the lock held by another",
-        )
-        self._lost = meter.create_counter(
-            "fencelock.lease.lost",
-            unit="{lease}",
-            description="Leases known lost (expired, taken, or not renewable)",
-        )
-        self._renewal_failures = meter.create_counter(
-            "fencelock.renewal.failures",
-            unit="{renewal}",
-            description="Watchdog renewals not confirmed by a majority of servers",
+        self._contention, self._lost, self._renewal_failures = (
+            meter.create_counter(name, unit=unit, description=description)
+            for name, unit, description in _COUNTERS
         )
 
     def _attributes(self, key: str, servers: int) -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""Reading holder info (JSON written by other processes, so untrusted) within bounds (pure).
+
+Anyone who may write a lock's keys can store any text as its holder info; ``fencelock status``
+and ``Election.leader()`` must neither crash on it nor spend unbounded time: a text longer
+than :data:`MAX_HOLDER_CHARS` or nested deeper than :data:`MAX_HOLDER_DEPTH` is not parsed
+(``json.loads`` recurses once per level and raises RecursionError on a deep enough text).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+__all__ = ["MAX_HOLDER_CHARS", "MAX_HOLDER_DEPTH", "parse_holder"]
+
+#: Longest holder info parsed (characters); fencelock's own is well under 1 KiB.
+MAX_HOLDER_CHARS: Final = 65_536
+#: Deepest nesting of arrays and objects parsed; fencelock's own holder info has depth 1.
+MAX_HOLDER_DEPTH: Final = 16
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` outside strings (a scan, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_holder(text: str) -> dict[str, Any] | None:
+    """The JSON object ``text`` holds, or None: not JSON, not an object, longer than
+    :data:`MAX_HOLDER_CHARS` or nested deeper than :data:`MAX_HOLDER_DEPTH`. Never raises
+    for any ``str``."""
+    if len(text) > MAX_HOLDER_CHARS or _depth(text) > MAX_HOLDER_DEPTH:
+        return None
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None

@@ -1,0 +1,74 @@
+-- fence_math: exact fence arithmetic, included by every script that issues or commits a fence
+-- (the loader puts this text in place of the script's `-- #include fence_math.lua` line).
+-- A Lua number is a double: past 2^53 it cannot tell F from F + 1, and a script returning one
+-- hands the client a rounded integer. So a fence is a decimal string here, end to end: '0' or
+-- digits without a leading zero, at most FENCE_MAX = 2^63 - 1 (it always fits a signed 64-bit
+-- integer, a SQL BIGINT); compared by length, then as text; incremented by carrying digits.
+local FENCE_MAX = '9223372036854775807'
+local function fence_less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+-- F's value ('0' when the register is absent), or nil and why it is not a fence
+local function fence_read(key)
+  local text = redis.call('GET', key)
+  if not text then return '0' end
+  local digits = string.match(text, '^0*(%d+)$')
+  if not digits or fence_less(FENCE_MAX, digits) then
+    return nil, 'ERR fence register ' .. key .. ' holds ' .. string.sub(text, 1, 40)
+      .. ', not a fence (a decimal integer from 0 to 2^63 - 1)'
+  end
+  return digits
+end
+-- the server's TIME in microseconds, exactly (its seconds, then its microseconds as 6 digits)
+local function fence_time(now)
+  return now[1] .. string.sub('00000' .. now[2], -6)
+end
+-- the fence a grant stores and returns: max(F + 1, TIME in us); or nil and why (F is not a
+-- fence, or F is FENCE_MAX: no larger fence exists, so none is issued rather than a repeat)
+local function fence_next(key, now)
+  local f, why = fence_read(key)
+  if not f then return nil, why end
+  if f == FENCE_MAX then
+    return nil, 'ERR fence register ' .. key .. ' is at 2^63 - 1: no larger fence can be issued'
+  end
+  local i = #f
+  while i > 0 and string.byte(f, i) == 57 do i = i - 1 end  -- trailing 9s carry
+  local next = '1' .. string.rep('0', #f)
+  if i > 0 then
+    next = string.sub(f, 1, i - 1) .. string.char(string.byte(f, i) + 1) .. string.rep('0', #f - i)
+  end
+  local floor = fence_time(now)
+  if fence_less(next, floor) then return floor end
+  return next
+end
+-- F = fence, kept for `retention` ms after this write ('0' or nil: for ever), but only while
+-- the fence is at most half of that ahead of this server's clock (`now`: TIME, or nil to read
+-- it). The register is gone only once the same clock passed this write by the retention, so
+-- the TIME floor alone then issues a larger fence than any this register held, unless the
+-- clock stepped back by half the retention. A fence further ahead (a register raised by hand,
+-- or from a server whose clock runs ahead) is kept for ever: its expiry could let fences go
+-- back.
+local function fence_store(key, fence, now, retention)
+  local ms = tonumber(retention or '0') or 0
+  if ms >= 1 then
+    now = now or redis.call('TIME')
+    local reach = string.format('%.0f', tonumber(now[1]) * 1000000 + tonumber(now[2]) + ms * 500)
+    if not fence_less(reach, fence) then
+      redis.call('SET', key, fence, 'PX', string.format('%d', ms))
+      return
+    end
+  end
+  redis.call('SET', key, fence)
+end
+-- F = max(F, fence) for a fence the client sends (a commit; stored as fence_store does); the
+-- register before, or nil and why when either is not a fence
+local function fence_raise(key, fence, retention)
+  local f, why = fence_read(key)
+  if not f then return nil, why end
+  if not string.match(fence, '^[1-9]%d*$') or fence_less(FENCE_MAX, fence) then
+    return nil, 'ERR not a fence: ' .. string.sub(fence, 1, 40)
+  end
+  if fence_less(f, fence) then fence_store(key, fence, nil, retention) end
+  return f
+end

@@ -1,0 +1,105 @@
+"""The mutant runner's apply step and its reading of a simulation report (no simulation run)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.sim.mutants import (
+    MUTANTS,
+    PENDING,
+    ROOT,
+    Mutant,
+    MutantError,
+    _copy_source,
+    apply,
+    verdict,
+)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _copy_source(tmp_path_factory.mktemp("pristine"))
+
+
+@pytest.mark.parametrize("mutant", MUTANTS + PENDING, ids=lambda m: m.name)
+def test_every_mutant_applies_once_to_todays_code(
+    mutant: Mutant, pristine: Path, tmp_path: Path
+) -> None:
+    src = _copy_source(tmp_path)
+    apply(mutant, src)
+    before = (pristine / "fencelock" / mutant.file).read_text()
+    after = (src / "fencelock" / mutant.file).read_text()
+    assert after != before
+    expected = before
+    for find, replace in ((mutant.find, mutant.replace), *mutant.also):
+        expected = expected.replace(find, replace)
+    assert after == expected
+    assert (ROOT / "src" / "fencelock" / mutant.file).read_text() == before  # the tree untouched
+
+
+def test_a_mutant_whose_text_moved_fails_loudly(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path)
+    gone = Mutant("gone", "", "_core/timing.py", "no such text\n", "x")
+    with pytest.raises(MutantError, match="occurs 0 times"):
+        apply(gone, src)
+    twice = Mutant("twice", "", "_core/timing.py", "return", "x")
+    with pytest.raises(MutantError, match="expected exactly once"):
+        apply(twice, src)
+    with pytest.raises(MutantError, match="no file"):
+        apply(Mutant("nofile", "", "_core/nope.py", "a", "b"), src)
+
+
+def test_the_mutated_copy_is_what_a_run_imports(tmp_path: Path) -> None:
+    """PYTHONPATH puts the copy before the editable install: the mutant is the code that runs."""
+    src = _copy_source(tmp_path)
+    apply(next(m for m in MUTANTS if m.name == "validity-without-drift"), src)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from fencelock._core.timing import validity_ms as v; print(v(100, 10, 5))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "90"  # unmutated: 85
+
+
+def test_verdict_reads_the_report() -> None:
+    caught = {"schedules": 40, "seeds": [100, 139], "violations": [{"seed": 112, "property": "p"}]}
+    assert verdict("m", 100, caught) == {
+        "name": "m",
+        "caught": True,
+        "schedules_to_catch": 13,
+        "seed": 112,
+    }
+    missed = {"schedules": 500, "seeds": [100, 599], "violations": []}
+    assert verdict("m", 100, missed) == {
+        "name": "m",
+        "caught": False,
+        "schedules_to_catch": None,
+        "seed": 100,
+    }
+
+
+def test_a_mutant_is_caught_where_the_unmutated_code_runs_clean(tmp_path: Path) -> None:
+    """End to end: the mutated copy's search finds a violation within a small budget, and the
+    same seeds run clean on an unmutated copy (a checker that fires on both proves nothing)."""
+    from tools.sim.mutants import run_clean, run_source
+
+    mutant = next(m for m in MUTANTS if m.name == "release-without-token-check")
+    src = _copy_source(tmp_path)
+    apply(mutant, src)
+    report = run_source(src, 120.0, 1, most=30)
+    assert verdict(mutant.name, 1, report)["caught"], report["seeds"]
+    caught_at = report["violations"][0]["seed"]
+    clean = run_clean(120.0, 1, most=caught_at)
+    assert clean["violations"] == [] and clean["schedules"] == caught_at

@@ -1,0 +1,158 @@
+"""The simulation itself (tools/simulate.py): its checkers fire on known-bad histories, a seed
+replays exactly, and the seeds that found bugs stay clean.
+
+Regression seeds: 807 found a ghost key made by the simulator (its background repeat of a
+failed attempt's release retried only the last server it targeted, so a paused server kept the
+failed attempt's key). 144 and 456 found ghost keys in an earlier world (issue 21 item 2: one
+task's timeout re-sent other tasks' requests on the shared connection, an acquire ran twice
+and its key stayed held by nobody for the TTL); they no longer make the same schedules, and
+that bug is now the mutant resend-written-after-close. 13252 and 13782 (with
+``--extend-while-renewing``) found a user's extend confirmed while a shorter renewal was in
+flight: the lease believed the longer deadline while the renewal's PEXPIRE had already
+shortened the key on every server; 95, 344 and 571 found the same window after other merges.
+2 and 6 run the semaphore's lasting split (clean here, caught with semaphore-fixed-first-slot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.sim.checkers import fence_order, mutual_exclusion, no_ghost_key, violations
+from tools.sim.world import Grant, History
+
+ROOT = Path(__file__).resolve().parents[2]
+SIMULATE = [sys.executable, str(ROOT / "tools" / "simulate.py")]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_mutual_exclusion_fires_on_two_overlapping_leases() -> None:
+    history = History(
+        grants=[
+            Grant("a", "k", "t1", 10, at=1.0, deadline=3.0, ended=2.5),
+            Grant("b", "k", "t2", 11, at=2.0, deadline=4.0, ended=3.0),
+        ]
+    )
+    assert mutual_exclusion(history)
+    history.grants[1].at = 2.5  # granted when the first release started: fine
+    assert not mutual_exclusion(history)
+
+
+def test_fence_order_fires_on_a_fence_that_did_not_grow() -> None:
+    history = History(
+        grants=[
+            Grant("a", "k", "t1", 11, at=1.0, deadline=2.0, ended=1.5),
+            Grant("b", "k", "t2", 11, at=1.6, deadline=3.0, ended=2.0),
+        ]
+    )
+    assert fence_order(history)
+    history.grants[1].fence = 12
+    assert not fence_order(history)
+
+
+def test_no_ghost_key_and_the_rest_report_what_the_world_recorded() -> None:
+    history = History(ghosts=["sim0 fencelock:{k} held by x (no grant) for 2 s"])
+    assert no_ghost_key(history)
+    assert [prop for prop, _ in violations(history)] == ["no_ghost_key"]
+    assert violations(History()) == []
+
+
+def test_a_seed_replays_byte_for_byte() -> None:
+    runs = [
+        subprocess.run(
+            [*SIMULATE, "--replay", "140"], capture_output=True, text=True, timeout=120, env=_env()
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].stdout == runs[1].stdout
+    assert "steps" in runs[0].stdout and runs[0].stdout.count("\n") > 10
+
+
+@pytest.mark.parametrize("seed", [144, 456, 807])
+def test_a_seed_that_found_a_ghost_key_runs_clean(seed: int) -> None:
+    run = subprocess.run(
+        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("seed", "flags"),
+    [(13252, ["--extend-while-renewing"]), (13782, ["--extend-while-renewing"]),
+     (95, []), (344, []), (571, [])],
+)  # fmt: skip
+def test_a_seed_that_found_an_extend_racing_a_renewal_runs_clean(
+    seed: int, flags: list[str]
+) -> None:
+    run = subprocess.run(
+        [*SIMULATE, "--replay", str(seed), *flags],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+
+
+@pytest.mark.parametrize("seed", [2, 6])  # try_acquire(), acquire(wait=...)
+def test_a_lasting_split_is_resolved_and_first_free_alone_is_refused(
+    seed: int, tmp_path: Path
+) -> None:
+    """The semaphore's lasting split (workloads.lasting_split): two permits' releases lost on
+    nested sets of servers, their processes killed, a third process asks a second later.
+    The unmutated code grants it (a proposed slot); first-free alone (the mutant
+    semaphore-fixed-first-slot) splits on every attempt and is refused: permit_when_free."""
+    from tools.sim.mutants import MUTANTS, _copy_source, apply
+
+    run = subprocess.run(
+        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    for text in ("lasting split", "lose request", "kill client process sx", "sq/split granted"):
+        assert text in run.stdout
+    src = _copy_source(tmp_path)
+    apply(next(m for m in MUTANTS if m.name == "semaphore-fixed-first-slot"), src)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+    mutated = subprocess.run(
+        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert mutated.returncode == 1
+    assert "VIOLATION permit_when_free: sq/split was refused" in mutated.stdout
+
+
+def test_a_short_search_prints_the_contract_json_and_finds_nothing() -> None:
+    run = subprocess.run(
+        [*SIMULATE, "--seconds", "5", "--seed", "1000", "--json"],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    report = json.loads(run.stdout)
+    for field in ("schedules", "schedules_per_s", "steps", "steps_per_s", "seeds", "faults",
+                  "properties", "primitives", "violations", "mutants"):  # fmt: skip
+        assert field in report
+    assert report["schedules"] >= 5 and report["steps"] > 1000
+    assert report["violations"] == [], report["violations"][:1]
+    assert run.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("seed", "kinds"),
+    [(26, ["(read)", "(write)"]), (11, ["(election)"]), (7, ["(fair)"])],
+)  # fmt: skip
+def test_a_seed_of_each_new_primitive_runs_clean(seed: int, kinds: list[str]) -> None:
+    """RWLock readers and writers (26), an election's terms (11), the fair lock (7)."""
+    run = subprocess.run(
+        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+    for kind in kinds:
+        assert f" {kind} fence " in run.stdout, kind

@@ -1,0 +1,1 @@
+"""The deterministic simulation of fencelock (issue 22)."""

@@ -1,0 +1,410 @@
+"""Client programs of the simulation: what users do with the public asyncio API.
+
+A client process runs jobs one after another, each on a new event loop (``asyncio.run()`` per
+job); a job runs several tasks on that loop, each building its own Lock per key (as a handler
+does) and taking it, holding it for a while (renewed or not), and releasing it. Every grant and
+release goes to the world's history with the true time it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import fencelock.asyncio as fl
+from fencelock import LockLost, NotAcquired, Unavailable
+
+from .checkers import LIVENESS_QUIET_S
+from .loop import SimLoop
+from .world import DRIFT_FACTOR, MIN_EXTEND, Grant, World
+
+PRIMITIVES = ("lock", "semaphore", "multilock", "rwlock", "election", "fair")
+
+
+def lock_workload(world: World) -> None:
+    """Clients contend for ``config.keys`` lock keys; after the workload and every fault,
+    each key must be free again within a bound (no ghost key)."""
+    cfg = world.config
+    keys = [f"k{i}" for i in range(cfg.keys)]
+    start = world.clock.now
+    world.plan_faults(start + 0.05, start + cfg.duration * 0.8)
+    finished: list[int] = [0]
+
+    def job(client: str, number: int) -> Callable[[], object]:
+        async def body() -> None:
+            await asyncio.gather(
+                *(task(client, number, t) for t in range(cfg.tasks)), return_exceptions=False
+            )
+
+        return body
+
+    async def hold(lease: fl.Lease, name: str, grant: Grant) -> None:
+        """Hold for a while: mostly shorter than the lease; sometimes past it (a slow job,
+        no renewal: the lease runs out under the holder); sometimes with extends to a new ttl
+        (longer or shorter than what is left) in between."""
+        rng = world.rng
+        overrun = rng.random() < cfg.overrun
+        span = rng.uniform(0.8, 1.3) * cfg.ttl if overrun else rng.uniform(0.0, cfg.hold_max)
+        if not cfg.extends or overrun or (cfg.renew and not cfg.extend_while_renewing):
+            await asyncio.sleep(span)
+            return
+        for _ in range(rng.randrange(1, 4)):
+            await asyncio.sleep(span / 3)
+            ttl = rng.uniform(MIN_EXTEND, 1.5) * cfg.ttl
+            grant.extending = True
+            try:
+                await lease.extend(ttl)
+                world.note(f"{name} extended to {ttl:.3f} s: until {lease.deadline - 1000:.4f}")
+            except (Unavailable, LockLost) as exc:
+                world.note(f"{name} extend to {ttl:.3f} s: {type(exc).__name__}")
+                if lease.lost.is_set():
+                    return
+            finally:
+                grant.extending = False
+
+    def granted(
+        name: str, key: str, lease: fl.Lease, asked: float, kind: str = "lock"
+    ) -> tuple[Grant, list[float]]:
+        grant = Grant(name, key, lease.token, lease.fence, world.clock.now, lease.deadline)
+        grant.kind = kind
+        grant.start = lease.acquired_at
+        grant.asked = asked
+        grant.returned_deadline = lease.deadline
+        grant.lease = lease
+        world.history.grants.append(grant)
+        what = "" if kind == "lock" else f" ({kind})"
+        world.note(
+            f"{name} granted {key}{what} fence {lease.fence} until {lease.deadline - 1000:.4f}"
+        )
+        lost_at: list[float] = []
+        lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        return grant, lost_at
+
+    async def ended(name: str, grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:
+        grant.deadline = min(lease.deadline, *lost_at) if lost_at else lease.deadline
+        grant.ended = world.clock.now
+        grant.lease = None
+        grant.lost_reason = lease.lost_reason
+        try:
+            await lease.release()
+            grant.release = "ok"
+        except LockLost:
+            grant.release = "LockLost"
+        except Unavailable:
+            grant.release = "Unavailable"
+        world.note(f"{name} released {grant.key}: {grant.release}")
+
+    async def campaign(name: str) -> None:
+        """An election's campaigner (``client.election(key).campaign()``): it leads for a
+        while (renewed), then leaves the block or resigns; its term is a grant of kind
+        "election" (``one_leader_per_term``)."""
+        rng = world.rng
+        client = fl.Client(
+            world.urls, ttl=cfg.ttl, wait=cfg.wait, server_timeout=cfg.server_timeout
+        )
+        election = client.election("e0", name=name)
+        asked = world.clock.now
+        state: list[Any] = []
+        try:
+            async with election.campaign(wait=cfg.wait) as term:
+                grant, lost_at = granted(name, "e0", term, asked, "election")
+                state[:] = [grant, term, lost_at]
+                resign = rng.random() < 0.3
+                try:
+                    await asyncio.sleep(rng.uniform(0.0, cfg.hold_max + cfg.ttl / 2))
+                finally:
+                    grant.deadline = min(term.deadline, *lost_at) if lost_at else term.deadline
+                    grant.ended = world.clock.now
+                    grant.lease = None
+                    grant.lost_reason = term.lost_reason
+                if resign:
+                    await election.resign()
+                    world.note(f"{name} resigned e0")
+            grant.release = "left"  # a hold's release: its outcome is not reported
+            world.note(f"{name} left e0")
+        except NotAcquired:
+            world.history.refusals += 1
+        except Unavailable:
+            world.history.unavailable += 1
+        except LockLost:
+            if state:
+                state[0].release = "LockLost"
+            world.note(f"{name} lost e0")
+
+    async def task(client: str, number: int, t: int) -> None:
+        rng = world.rng
+        name = f"{client}/j{number}/t{t}"
+        kind = rng.choice(cfg.primitives)
+        options = {"ttl": cfg.ttl, "wait": cfg.wait, "server_timeout": cfg.server_timeout}
+        asked = world.clock.now
+        if kind == "election":
+            await campaign(name)
+            return
+        granted_as = kind if kind == "fair" else "lock"
+        try:
+            if kind == "multilock" and len(keys) >= 2:
+                chosen = sorted(rng.sample(keys, rng.randrange(2, len(keys) + 1)))
+                multi = fl.MultiLock(world.urls, chosen, **options)
+                for key in chosen:
+                    world.busy[key] = world.busy.get(key, 0) + 1
+                try:
+                    # a wait longer than a lease: the keys taken first must not run out
+                    leases: tuple[fl.Lease, ...] = await multi.acquire(
+                        rng.uniform(1.0, 2.0) * cfg.ttl
+                    )
+                finally:
+                    for key in chosen:
+                        world.busy[key] -= 1
+                        world.busy_until[key] = world.clock.now
+            elif kind == "semaphore":
+                sem = fl.Semaphore(world.urls, "s0", cfg.limit, **options)
+                asked = world.clock.now
+                try:
+                    if rng.random() < 0.3:  # one attempt: None only when all are taken
+                        maybe = await sem.try_acquire()
+                        if maybe is None:
+                            raise NotAcquired("s0", "try_acquire: no permit")
+                        permit = maybe
+                    else:
+                        permit = await sem.acquire()
+                except NotAcquired:
+                    world.history.permits_refused.append((name, asked, world.clock.now))
+                    raise
+                finally:
+                    world.history.permit_attempts.append((name, asked, world.clock.now))
+                leases = (permit,)
+                chosen = [f"sem/slot{permit.slot}"]
+            elif kind == "rwlock":  # readers share rw0; a writer excludes them all
+                rw = fl.RWLock(world.urls, "rw0", **options)
+                writer = rng.random() < 0.4
+                granted_as = "write" if writer else "read"
+                if rng.random() < 0.3:  # one attempt
+                    tried = await (rw.try_write() if writer else rw.try_read())
+                    if tried is None:
+                        raise NotAcquired("rw0", "try: taken")
+                    rw_lease = tried
+                else:
+                    rw_lease = await (rw.acquire_write() if writer else rw.acquire_read())
+                leases = (rw_lease,)
+                chosen = ["rw0"]
+            else:  # a Lock, or a fair one (the same key: kind "fair" runs in its own mix)
+                chosen = [rng.choice(keys)]
+                lock = fl.Lock(world.urls, chosen[0], **options, fair=kind == "fair")
+                leases = (await lock.acquire(),)
+        except NotAcquired:
+            world.history.refusals += 1
+            return
+        except Unavailable:
+            world.history.unavailable += 1
+            return
+        except LockLost:  # a MultiLock's key ran out while a later one was awaited: all freed
+            world.history.refusals += 1
+            return
+        held = [
+            (granted(name, k, lease, asked, granted_as), lease)
+            for k, lease in zip(chosen, leases, strict=True)
+        ]
+        if len(leases) == 1:
+            (grant, lost_at), lease = held[0]
+            if cfg.renew:
+                lease.keep_alive()
+            await hold(lease, name, grant)
+        else:
+            await asyncio.sleep(rng.uniform(0.0, cfg.hold_max))
+        for (grant, lost_at), lease in held:
+            await ended(name, grant, lease, lost_at)
+
+    def run_jobs(client: str) -> None:
+        def next_job(number: int) -> None:
+            if number >= cfg.jobs:
+                finished[0] += 1
+                return
+            loop = SimLoop(world.clock, world.connect, f"{client}/j{number}")
+            world.add_loop(loop)
+            coro = job(client, number)()
+            the_task = loop.create_task(coro)  # type: ignore[arg-type]
+
+            def done(fut: asyncio.Task[object]) -> None:
+                if not fut.cancelled() and fut.exception() is not None:
+                    exc = fut.exception()
+                    world.history.errors.append(f"{client}/j{number}: {type(exc).__name__}: {exc}")
+                # asyncio.run() closes the loop at the end of the job: so do we, at once
+                world.at(world.clock.now, lambda: _finish(loop, number))
+
+            the_task.add_done_callback(done)
+
+        def _finish(loop: SimLoop, number: int) -> None:
+            from .world import _close_loop
+
+            _close_loop(loop)
+            # the process idles between jobs (no connection open: what happens to the
+            # servers meanwhile, it learns only from its next job's new connections)
+            gap = world.rng.uniform(0.0, cfg.job_gap) if cfg.job_gap else 0.0
+            world.at(world.clock.now + gap, lambda: next_job(number + 1))
+
+        next_job(0)
+
+    for c in range(cfg.clients):
+        run_jobs(f"c{c}")
+    world.watching = True
+    world.at(world.clock.now, world.watch_keys)
+    world.run_until(lambda: finished[0] >= cfg.clients, start + cfg.duration * 4)
+
+    # every fault heals; then each key must be acquirable within a bound (no ghost key)
+    heal_at = max(world.clock.now, start + cfg.duration) + 1.0
+    world.at(heal_at, lambda: None)
+    world.run_until(lambda: False, heal_at)
+    world.watching = False
+    world.heal()
+    # a restarted server does not vote until its uptime exceeds the ttl (restart_delay), and
+    # a suspect one is probed in the background: the probe comes after both
+    settle_until = world.clock.now + cfg.ttl + 1.5
+    world.at(settle_until, lambda: None)
+    world.run_until(lambda: False, settle_until)
+    probe_done: list[bool] = [False]
+
+    async def probe() -> None:
+        # shorter than a lease: a key held by nobody for its TTL is a ghost
+        wait = min(cfg.ttl / 2, 1.0)
+        options: dict[str, Any] = {"ttl": cfg.ttl, "server_timeout": cfg.server_timeout}
+        for key in keys:
+            lock = fl.Lock(world.urls, key, **options, fair=cfg.primitives == ("fair",))
+            try:
+                lease = await lock.acquire(wait=wait)
+            except (NotAcquired, Unavailable) as exc:
+                world.history.liveness.append(f"{key}: {type(exc).__name__}: {exc}")
+                continue
+            await lease.release()
+        if "rwlock" in cfg.primitives:  # a writer: no reader nor writer left behind
+            try:
+                lease = await fl.RWLock(world.urls, "rw0", **options).acquire_write(wait=wait)
+                await lease.release()
+            except (NotAcquired, Unavailable) as exc:
+                world.history.liveness.append(f"rw0 (write): {type(exc).__name__}: {exc}")
+        if "election" in cfg.primitives:
+            election = fl.Client(world.urls, **options).election("e0", name="probe")
+            try:
+                async with election.campaign(wait=wait):
+                    pass
+            except (NotAcquired, Unavailable, LockLost) as exc:
+                world.history.liveness.append(f"e0 (campaign): {type(exc).__name__}: {exc}")
+        probe_done[0] = True
+
+    loop = SimLoop(world.clock, world.connect, "probe")
+    world.add_loop(loop)
+    loop.create_task(probe())
+    world.run_until(lambda: probe_done[0], world.clock.now + 3 * cfg.ttl + 5.0)
+    if not probe_done[0]:
+        world.history.liveness.append("the probe did not finish")
+    if "semaphore" in cfg.primitives and cfg.servers >= 3 and cfg.limit >= 2:
+        lasting_split(world, granted, ended)
+
+
+Granted = Callable[[str, str, fl.Lease, float], tuple[Grant, list[float]]]
+Ended = Callable[[str, Grant, fl.Lease, list[float]], Awaitable[None]]
+
+
+def lasting_split(world: World, granted: Granted, ended: Ended) -> None:
+    """Servers that disagree on the semaphore's slots for longer than a wait, with nobody
+    asking meanwhile (the concurrent asks of the workload make only splits that the next
+    attempt resolves): two client processes each take a permit (slots 0 and 1, on every
+    server); the first one's release is lost on a majority of the servers, the second one's
+    on a minority inside it (a request lost, then the connection reset), and each process is
+    killed as its release returns (kill -9: its background repeats of the release die with
+    it). What stays until it expires is a staircase: some servers have both slots free, some
+    only slot 1, some none. A second after the last fault a third process asks, and must get
+    a permit: slot 1 is free on a majority (``permit_when_free``; first-free alone splits
+    the vote on every attempt until the keys expire)."""
+    cfg = world.config
+    rng = world.rng
+    n = cfg.servers
+    majority = n // 2 + 1
+    order = list(range(n))
+    rng.shuffle(order)
+    # the first release reaches the largest minority, the second one a majority (it is
+    # confirmed) but not all: servers order[:n - majority] have both slots free, the next
+    # ones slot 1 only, the last ones neither, and no slot is first free on a majority
+    lost_first = order[n - majority :]
+    lost_second = order[n - rng.randint(1, n - majority) :]
+    options: dict[str, Any] = {"ttl": cfg.ttl, "server_timeout": cfg.server_timeout}
+    held: dict[str, tuple[Grant, fl.Lease, list[float]]] = {}
+    done: set[str] = set()
+    loops: dict[str, SimLoop] = {}
+
+    async def take(name: str, wait: float, once: bool) -> None:
+        sem = fl.Semaphore(world.urls, "s0", cfg.limit, **options)
+        asked = world.clock.now
+        try:
+            if once:  # one attempt: None only when all are taken
+                maybe = await sem.try_acquire()
+                if maybe is None:
+                    raise NotAcquired("s0", "try_acquire: no permit")
+                permit = maybe
+            else:
+                permit = await sem.acquire(wait=wait)
+        except NotAcquired:
+            world.history.permits_refused.append((name, asked, world.clock.now))
+            world.history.refusals += 1
+            return
+        except Unavailable:
+            world.history.unavailable += 1
+            return
+        finally:
+            world.history.permit_attempts.append((name, asked, world.clock.now))
+            done.add(name)
+        grant, lost_at = granted(name, f"sem/slot{permit.slot}", permit, asked)
+        held[name] = (grant, permit, lost_at)
+
+    async def give_back(name: str, lost: list[int]) -> None:
+        grant, permit, lost_at = held[name]
+        process = name.split("/", 1)[0]
+        cut = {(process, index) for index in lost}
+        world.cut |= cut
+        if lost:
+            world.note(f"{process} cut off from {', '.join(f'sim{i}' for i in sorted(lost))}")
+        try:
+            await ended(name, grant, permit, lost_at)
+        finally:
+            world.cut -= cut
+            done.add(f"{name} released")
+
+    def run(name: str, coro: Callable[[], Any], what: str, limit_s: float) -> bool:
+        process = name.split("/", 1)[0]
+        loop = loops.get(process)
+        if loop is None:
+            loop = loops[process] = SimLoop(world.clock, world.connect, f"{process}/split")
+            world.add_loop(loop)
+        loop.create_task(coro())
+        world.run_until(lambda: what in done, world.clock.now + limit_s)
+        return what in done
+
+    first, second, third = "sy/split", "sx/split", "sq/split"
+    world.note(
+        f"lasting split: {first}'s release lost on "
+        f"{', '.join(f'sim{i}' for i in sorted(lost_first))}, {second}'s on "
+        f"{', '.join(f'sim{i}' for i in sorted(lost_second))}"
+    )
+    for name in (first, second):
+        run(name, lambda name=name: take(name, cfg.wait, False), name, cfg.wait + 5.0)
+        if name not in held:
+            return
+    for name, lost in ((first, lost_first), (second, lost_second)):
+        released = f"{name} released"
+        run(name, lambda name=name, lost=lost: give_back(name, lost), released, 5.0)
+        world.kill(name.split("/", 1)[0])
+        if released not in done:
+            return
+    # a second past the last fault; the wait ends before the permits' keys expire
+    ask_at = world.clock.now + LIVENESS_QUIET_S + 0.05
+    expires = min(g.start or g.at for g, _, _ in held.values()) + cfg.ttl * (1 - DRIFT_FACTOR)
+    wait = min(cfg.wait, expires - ask_at - 0.1)
+    if wait <= 0.0:
+        return
+    world.at(ask_at, lambda: None)
+    world.run_until(lambda: False, ask_at)
+    once = rng.random() < 0.3
+    run(third, lambda: take(third, wait, once), third, wait + 5.0)
+    if third in held:
+        released = f"{third} released"
+        run(third, lambda: give_back(third, []), released, 5.0)
