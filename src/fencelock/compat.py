@@ -9,7 +9,8 @@ Existing code ports in one line (see ``docs/migrating.md``):
   raising redis-py's own :class:`~redis.exceptions.LockError` and
   :class:`~redis.exceptions.LockNotOwnedError`, plus ``.fence``, ``.lease`` and ``.lost``.
 - :class:`RedisLock`: python-redis-lock's ``redis_lock.Lock(conn, name, expire=...,
-  auto_renewal=...)``, with exceptions of the same names and bases as its own.
+  auto_renewal=...)``, with exceptions of the same names and bases as its own, and its
+  :func:`reset_all`.
 
 What differs from the originals, and why (each one is listed in ``docs/migrating.md``):
 
@@ -39,6 +40,7 @@ share one acquire loop and one key layout, kept here so a port is read in one pl
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import threading
@@ -56,6 +58,8 @@ from ._async.lock import Lease as AsyncLease
 from ._async.lock import Lock as AsyncLock
 from ._core.acquire import Attempt, Grant, acquire, attempt, try_acquire
 from ._core.effects import NOW, Flow
+from ._core.extend import ExtendOutcome
+from ._core.extend import extend as extend_flow
 from ._core.keys import LockKeys
 from ._core.plan import LockPlan, lock_wiring
 from ._core.release import ReleaseVerdict, release
@@ -80,6 +84,7 @@ __all__ = [
     "ServersUnavailable",
     "TimeoutNotUsable",
     "TimeoutTooLarge",
+    "reset_all",
 ]
 
 #: The lease (seconds) of a lock made without a timeout: renewed every third of it until
@@ -685,7 +690,9 @@ class RedisLock:
     fencelock's timers at a third of the lease (not ``expire*2/3``) and a renewal that fails
     sets :attr:`lost` instead of dying silently; ids must not start with ``h``. Adds
     :attr:`fence`, :attr:`lease` and :attr:`lost`. Bad arguments raise ``ValueError``
-    (:class:`~fencelock.ConfigError`) or ``TypeError`` before any I/O.
+    (:class:`~fencelock.ConfigError`) or ``TypeError`` before any I/O; with ``strict=False``
+    the client is not looked at until the lock is used. As there, another object with the
+    same ``id`` may :meth:`extend` or :meth:`release` the lock.
     """
 
     def __init__(
@@ -725,11 +732,17 @@ class RedisLock:
         self._signal = REDIS_LOCK_SIGNAL_PREFIX + name
         self._renewed = expire is None or auto_renewal
         self.blocking = blocking
-        ttl = RENEWED_TTL if expire is None else float(expire)
-        base = Lock(redis_client, self._name, ttl=ttl, holder_info=False)
-        definition = _definition(base._definition, compat_keys(self._name, wake=self._signal))
-        self._lock = Lock._of(definition)
         self._lease: Lease | None = None
+
+    @functools.cached_property
+    def _lock(self) -> Lock:
+        # built at first use, so that ``strict=False`` with a client of another type is taken
+        # (as python-redis-lock takes it) until the lock is used
+        ttl = RENEWED_TTL if self._expire is None else float(self._expire)
+        base = Lock(self._client, self._name, ttl=ttl, holder_info=False)
+        definition = _definition(base._definition, compat_keys(self._name, wake=self._signal))
+        lock: Lock = Lock._of(definition)
+        return lock
 
     @property
     def id(self) -> str:
@@ -810,14 +823,25 @@ class RedisLock:
                 "or at initialization time."
             )
         lease = self._lease
-        if lease is None:
-            raise NotAcquired(f"Lock {self._name} is not acquired or it already expired.")
         try:
-            lease.extend(float(expire))
+            if lease is not None:
+                lease.extend(float(expire))
+                return
+            # another object with the same id (python-redis-lock's ``Lock(conn, name,
+            # id=...).extend()``): restart the lease on the server if it still holds that id
+            plan = self._lock._definition.plan
+            result = self._lock._driver.run(
+                extend_flow(plan, self._id, round(expire * 1000), math.inf)
+            )
         except LockLost as exc:
             raise NotAcquired(f"Lock {self._name} is not acquired or it already expired.") from exc
         except Unavailable as exc:
             raise _unavailable(exc) from exc
+        if result.outcome is ExtendOutcome.REFUSED:
+            raise NotAcquired(f"Lock {self._name} is not acquired or it already expired.")
+        if result.outcome is ExtendOutcome.UNKNOWN:
+            assert result.unavailable is not None
+            raise _unavailable(result.unavailable)
 
     def release(self) -> None:
         """Release the lock this object (or another with the same ``id``) holds. Raises
@@ -858,6 +882,34 @@ class RedisLock:
 
     def __repr__(self) -> str:
         return f"RedisLock({self._name!r}, expire={self._expire})"
+
+
+def reset_all(redis_client: redis.Redis, signal_expire: int = 1000) -> int:
+    """python-redis-lock's ``reset_all``: delete every lock at ``lock:*`` whoever holds it,
+    and wake its waiters (``lock-signal:<name>``, kept ``signal_expire`` ms). Use with care,
+    as :meth:`RedisLock.reset`: the holders are not told. Keys are found with ``SCAN`` (not
+    in one script, as there): a lock taken meanwhile may be left. fencelock's own keys beside
+    a lock (its fence register above all) are kept. Returns how many locks were deleted."""
+    deleted = 0
+    for raw in redis_client.scan_iter(match=REDIS_LOCK_PREFIX + "*", count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        if _beside_key(key):
+            continue
+        signal = REDIS_LOCK_SIGNAL_PREFIX + key.removeprefix(REDIS_LOCK_PREFIX)
+        with redis_client.pipeline(transaction=True) as pipe:
+            pipe.delete(key, signal)
+            pipe.lpush(signal, 1)
+            pipe.pexpire(signal, signal_expire)
+            pipe.execute()
+        deleted += 1
+    return deleted
+
+
+def _beside_key(key: str) -> bool:
+    """Whether ``key`` is one fencelock keeps beside a compat lock (see :func:`compat_keys`:
+    a lock key with a brace keeps them at ``<lock key>:fencelock:<field>``)."""
+    base, sep, field = key.rpartition(":fencelock:")
+    return bool(sep) and ("{" in base or "}" in base) and field in (*_BESIDE, "wake")
 
 
 def _utf8(value: str | bytes) -> bytes:

@@ -1,7 +1,7 @@
 """``fencelock.compat.RedisLock``: python-redis-lock's documented API on real servers.
 
-python-redis-lock's own suite drives helper processes of its own, so it is not run here;
-these tests follow its documented behaviour (arguments, return values, exceptions, keys)."""
+These tests follow its documented behaviour (arguments, return values, exceptions, keys);
+python-redis-lock's own suite runs against it in test_compat_redislock_suite.py."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from fencelock.compat import (
     RedisLock,
     TimeoutNotUsable,
     TimeoutTooLarge,
+    reset_all,
 )
 
 
@@ -127,6 +128,55 @@ def test_another_object_with_the_same_id_releases_it(conn: Any, key: str) -> Non
     assert first.acquire()
     RedisLock(conn, key, id=first.id).release()
     assert not first.locked()
+
+
+def test_another_object_with_the_same_id_extends_it(conn: Any, key: str) -> None:
+    first = RedisLock(conn, key, expire=5)
+    assert first.acquire()
+    RedisLock(conn, key, id=first.id).extend(60)
+    assert 55_000 < conn.pttl("lock:" + key) <= 60_000
+    with pytest.raises(NotAcquired):
+        RedisLock(conn, key).extend(600)  # another id
+    assert conn.pttl("lock:" + key) <= 60_000
+    first.release()
+    with pytest.raises(NotAcquired):
+        RedisLock(conn, key, id=first.id).extend(60)  # not held any more
+
+
+def test_strict_false_takes_any_client_until_the_lock_is_used(key: str) -> None:
+    lock = RedisLock(object(), key, expire=1, strict=False)  # type: ignore[arg-type]
+    assert lock.id and repr(lock) == f"RedisLock('lock:{key}', expire=1)"
+    with pytest.raises(ValueError):
+        lock.extend(-1)  # arguments are checked before any use of the client
+
+
+def test_reset_all_deletes_every_lock_and_wakes_the_waiters(fencelock_server: Any) -> None:
+    conn = fencelock_server.client()
+    braced = RedisLock(conn, "{report}:x", expire=60)  # its fence register is a lock:* key too
+    holders = [RedisLock(conn, "a", expire=60), RedisLock(conn, "b", expire=60), braced]
+    assert all(lock.acquire() for lock in holders)
+    first_fence = braced.fence
+    waiter = RedisLock(conn, "a", expire=60)
+    got: list[float] = []
+    thread = threading.Thread(
+        target=lambda: got.append(time.monotonic()) if waiter.acquire(timeout=50) else None
+    )
+    thread.start()
+    time.sleep(1.0)
+    reset_at = time.monotonic()
+    assert reset_all(conn) >= 3
+    thread.join(60.0)
+    assert got and got[0] - reset_at < 2.5, "the waiter was not woken"
+    for lock in holders:
+        with pytest.raises(NotAcquired):
+            lock.release()
+    assert conn.exists("lock:b") == 0
+    again = RedisLock(conn, "{report}:x", expire=60)
+    assert again.acquire(blocking=False)
+    assert first_fence is not None and again.fence is not None and again.fence > first_fence
+    again.release()
+    waiter.release()
+    conn.close()
 
 
 def test_extend_restarts_the_lease(conn: Any, key: str) -> None:

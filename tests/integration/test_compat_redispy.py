@@ -20,12 +20,12 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sdist_suite import installed, outcomes, sdist_members
 
 ROOT = Path(__file__).resolve().parents[2]
 MIGRATING = ROOT / "docs" / "migrating.md"
@@ -111,60 +111,18 @@ asyncio_default_fixture_loop_scope = function
 """
 
 
-def _offline_or_fail(what: str, detail: str) -> None:
-    if os.environ.get("FENCELOCK_OFFLINE") == "1":
-        pytest.skip(f"FENCELOCK_OFFLINE=1: {what} not available offline ({detail})")
-    pytest.fail(f"{what} could not be fetched (set FENCELOCK_OFFLINE=1 to skip): {detail}")
-
-
-def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "-q"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def _cache_dir(config: pytest.Config, factory: pytest.TempPathFactory, name: str) -> Path:
-    """A directory kept across runs in the pytest cache (a temp one without the cache)."""
-    cache = getattr(config, "cache", None)
-    if cache is None:  # -p no:cacheprovider
-        return factory.mktemp(name)
-    return Path(cache.mkdir(name))
-
-
 @pytest.fixture(scope="module")
 def redispy_sources(
     pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, bytes]:
     """The two test modules of redis-py's sdist (this release), by their sdist path."""
-    cache = _cache_dir(pytestconfig, tmp_path_factory, "fencelock-compat")
-    sdist = cache / f"redis-{REDIS_VERSION}.tar.gz"
-    if not sdist.exists():
-        args = ["download", "--no-deps", "--no-binary", ":all:", f"redis=={REDIS_VERSION}"]
-        done = _pip([*args, "-d", str(cache)])
-        if done.returncode != 0 or not sdist.exists():
-            _offline_or_fail(f"the redis=={REDIS_VERSION} sdist", done.stderr[-2000:])
-    sources: dict[str, bytes] = {}
-    with tarfile.open(sdist) as tar:
-        for inner in MODULES:
-            member = tar.extractfile(f"redis-{REDIS_VERSION}/{inner}")
-            assert member is not None, f"{inner} missing from the redis {REDIS_VERSION} sdist"
-            sources[inner] = member.read()
-    return sources
+    return sdist_members(pytestconfig, tmp_path_factory, "redis", REDIS_VERSION, list(MODULES))
 
 
 @pytest.fixture(scope="module")
 def asyncio_plugin(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding pytest-asyncio, for the child run's path."""
-    target = _cache_dir(pytestconfig, tmp_path_factory, "fencelock-compat-deps") / PYTEST_ASYNCIO
-    if not (target / "pytest_asyncio").is_dir():
-        done = _pip(["install", "--no-deps", "--target", str(target), PYTEST_ASYNCIO])
-        if done.returncode != 0:
-            _offline_or_fail(PYTEST_ASYNCIO, done.stderr[-2000:])
-    return target
+    return installed(pytestconfig, tmp_path_factory, PYTEST_ASYNCIO, "pytest_asyncio")
 
 
 def documented_deviations() -> dict[str, str]:
@@ -181,20 +139,10 @@ def documented_deviations() -> dict[str, str]:
     return found
 
 
-def outcomes(junit: Path) -> dict[str, str]:
-    """``{"sync::test_x": "passed" | "failed" | "skipped"}`` from a JUnit XML report."""
-    result: dict[str, str] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        side = "asyncio" if "test_asyncio" in case.get("classname", "") else "sync"
-        key = f"{side}::{case.get('name')}"
-        kinds = {child.tag for child in case}
-        if kinds & {"failure", "error"}:
-            result[key] = "failed"
-        elif "skipped" in kinds:
-            result[key] = "skipped"
-        else:
-            result[key] = "passed"
-    return result
+def _key(case: ET.Element) -> str:
+    """``"sync::test_x"`` / ``"asyncio::test_x"`` of a JUnit test case."""
+    side = "asyncio" if "test_asyncio" in case.get("classname", "") else "sync"
+    return f"{side}::{case.get('name')}"
 
 
 def test_redis_pys_own_lock_tests_pass_but_for_the_documented_deviations(
@@ -241,7 +189,7 @@ def test_redis_pys_own_lock_tests_pass_but_for_the_documented_deviations(
         check=False,
     )
     assert junit.exists(), f"the child run wrote no report:\n{child.stdout}\n{child.stderr}"
-    seen = outcomes(junit)
+    seen = outcomes(junit, _key)
     deviations = documented_deviations()
     failed = {name for name, outcome in seen.items() if outcome == "failed"}
     skipped = {name for name, outcome in seen.items() if outcome == "skipped"}
