@@ -379,9 +379,7 @@ class Cluster(Managed):
         Raises:
             ServerError: listing the nodes that could not be stopped.
         """
-        errors = ServerGroup._parallel(lambda s: s.stop(timeout=timeout), self.nodes)
-        if errors:
-            raise ServerError(f"{len(errors)} cluster nodes failed to stop: {errors}")
+        ServerGroup._stop_all(self.nodes, timeout, "cluster nodes failed to stop")
 
     # ---- faults -----------------------------------------------------------------------------
 
