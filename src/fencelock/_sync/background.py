@@ -25,7 +25,7 @@ from typing import Any
 
 from .._core.effects import Repeat
 from .._engine.cluster import ASKING, busy_slot
-from .._engine.registry import on_fork, sweep_idle
+from .._engine.registry import PerProcess, sweep_idle
 from .._engine.server import LateCall, Server
 from .._engine.wire import CALLS, PING, full_call, is_noscript
 from .._scripts import BY_NAME
@@ -362,23 +362,5 @@ class Background:
         self._add(job)
 
 
-_instance: Background | None = None
-_instance_lock = threading.Lock()
-
-
-def background() -> Background:
-    global _instance
-    if _instance is None:
-        with _instance_lock:
-            if _instance is None:
-                _instance = Background()
-    return _instance
-
-
-def _reset_after_fork() -> None:
-    global _instance, _instance_lock
-    _instance = None  # the thread did not survive the fork; a new one starts on first use
-    _instance_lock = threading.Lock()
-
-
-on_fork(_reset_after_fork)
+#: The process's background thread, started on first use (and again in a forked child).
+background = PerProcess(Background)
