@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .._engine.address import Address
-from .._engine.handshake import Identity, identity_from, prelude
+from .._engine.handshake import Identity, prelude, split_prelude
 from .._engine.resp import INCOMPLETE, Parser, ProtocolError
 
 __all__ = ["AsyncConnection", "OnReplies", "Unsent"]
@@ -199,14 +199,13 @@ class AsyncConnection(asyncio.Protocol):
             self._close_if_unwanted()
             raise
         if handshake_n:
-            try:
-                self.identity = identity_from(
-                    result[:handshake_n], address=self.address, identify=self.identify
-                )
-            except BaseException:
-                self.close()
-                raise
-            result = result[handshake_n:]
+            self.identity, result = split_prelude(
+                result,
+                handshake_n,
+                address=self.address,
+                identify=self.identify,
+                on_error=self.close,
+            )
         self._fresh = False
         self.last_used = time.monotonic()
         return result

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 import weakref
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .._core import effects as fx
 from .._core.health import skip_suspects
@@ -498,22 +498,15 @@ class AsyncDriver:
         pending: _Round | None = None
         while True:
             try:
-                effect = flow.send(answer)
+                effect = self._send(flow, answer, pending)
             except StopIteration as stop:
-                self._park(pending)
-                result: T = stop.value
-                return result
-            except BaseException:
-                self._park(pending)
-                raise
+                return cast(T, stop.value)
             if effect is fx.NOW:
                 answer = time.monotonic()
                 continue
             current: _Round | None = None
             try:
-                if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
-                    self._park(pending)
-                    pending = None
+                pending = self._parked_before(effect, pending)
                 if isinstance(effect, fx.Broadcast):
                     current = self._start(effect)
                     await self._collect(current, settle=False)
@@ -527,6 +520,23 @@ class AsyncDriver:
                 self._park(current)
                 rest = keep(asyncio.ensure_future(self._finish(flow, exc, pending)))
                 return await asyncio.shield(rest)
+
+    def _send(self, flow: fx.Flow[T], answer: Any, pending: _Round | None) -> fx.Effect:
+        """The flow's next effect; when the flow ends (``StopIteration``, raised on) or raises,
+        ``pending`` is parked first."""
+        try:
+            return flow.send(answer)
+        except BaseException:
+            self._park(pending)
+            raise
+
+    def _parked_before(self, effect: fx.Effect, pending: _Round | None) -> _Round | None:
+        """``pending``, or None once parked: a new round or a pause does not wait for the
+        stragglers of the last one."""
+        if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
+            self._park(pending)
+            return None
+        return pending
 
     async def _resume(
         self, flow: fx.Flow[T], effect: fx.Effect, current: _Round | None, pending: _Round | None
@@ -549,18 +559,11 @@ class AsyncDriver:
         """:meth:`run` from ``answer`` on, in a task nobody cancels."""
         while True:
             try:
-                effect = flow.send(answer)
+                effect = self._send(flow, answer, pending)
             except StopIteration as stop:
-                self._park(pending)
-                result: T = stop.value
-                return result
-            except BaseException:
-                self._park(pending)
-                raise
+                return cast(T, stop.value)
             try:
-                if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
-                    self._park(pending)
-                    pending = None
+                pending = self._parked_before(effect, pending)
                 answer, pending = await self._perform(effect, pending)
             except BaseException as exc:
                 return await self._finish(flow, exc, pending)
@@ -578,9 +581,7 @@ class AsyncDriver:
                 return result
             thrown = None
             try:
-                if pending is not None and isinstance(effect, fx.Broadcast | fx.Pause):
-                    self._park(pending)
-                    pending = None
+                pending = self._parked_before(effect, pending)
                 answer, pending = await self._perform(effect, pending)
             except BaseException as exc:
                 answer, thrown = None, exc

@@ -48,7 +48,7 @@ from .acquire import Attempt, AttemptFn, Grant, grant_attempt
 from .backoff import retry_delay_s
 from .effects import NOW, Broadcast, Flow, Pause, Repeat
 from .keys import fair_queue_key
-from .plan import LockPlan, Wiring, release_keys
+from .plan import LockPlan, lock_wiring, release_keys
 from .quorum import Outcome, Tally
 from .replies import AcquireReply, ProtocolError, _int, classify_decoded, decode_flag
 from .verdicts import acquire_failure
@@ -75,19 +75,14 @@ def fair_plan(base: LockPlan) -> LockPlan:
     """``base`` with the fair scripts: extend and the fence commit are the plain lock's."""
     k = base.keys
     q = fair_keys(base)
-    return base.rewired(
-        k,
-        Wiring(
-            acquire="fair_acquire",
-            acquire_keys=(k.lock, k.fence, k.holder, q.queue, q.beats, q.wake),
-            commit="fence_commit",
-            commit_keys=(k.lock, k.fence),
-            release="fair_release",
-            release_keys=(k.lock, k.holder, q.queue, q.beats, q.wake),
-            extend="extend",
-            extend_keys=(k.lock, k.holder),
-        ),
+    wiring = replace(
+        lock_wiring(k),
+        acquire="fair_acquire",
+        acquire_keys=(k.lock, k.fence, k.holder, q.queue, q.beats, q.wake),
+        release="fair_release",
+        release_keys=(k.lock, k.holder, q.queue, q.beats, q.wake),
     )
+    return base.rewired(k, wiring)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from .effects import Classify, Replicated
 from .fencing import FENCE_MAX
@@ -12,6 +12,8 @@ from .quorum import Outcome
 
 if TYPE_CHECKING:
     from .plan import LockPlan
+
+R = TypeVar("R")
 
 
 class ProtocolError(Exception):
@@ -110,17 +112,25 @@ class _Decoded(Protocol):
     def granted(self) -> bool: ...
 
 
+def _decoded(result: object, decode: Callable[[object], R]) -> R | BaseException:
+    """What ``decode`` makes of ``result``, or the error: the one that replaced the reply, or
+    the :class:`ProtocolError` saying why it is no reply."""
+    if isinstance(result, BaseException):
+        return result
+    try:
+        return decode(result)
+    except ProtocolError as exc:
+        return exc
+
+
 def classify_decoded(
     result: object, decode: Callable[[object], _Decoded]
 ) -> tuple[Outcome, object]:
     """A vote from a reply that grants or refuses (or the error that replaced it): GRANTED or
     HELD with the reply ``decode`` made of it, ERROR with the error or why it is no reply."""
-    if isinstance(result, BaseException):
-        return Outcome.ERROR, result
-    try:
-        reply = decode(result)
-    except ProtocolError as exc:
-        return Outcome.ERROR, exc
+    reply = _decoded(result, decode)
+    if isinstance(reply, BaseException):
+        return Outcome.ERROR, reply
     return (Outcome.GRANTED if reply.granted else Outcome.HELD), reply
 
 
@@ -199,13 +209,9 @@ def replicated(
         outcome, detail = classify(result.reply)
         if outcome is not Outcome.GRANTED:
             return outcome, detail
-        acks = result.acks
-        if isinstance(acks, BaseException):
-            return Outcome.ERROR, acks
-        try:
-            count = _int(acks)
-        except ProtocolError as exc:
-            return Outcome.ERROR, exc
+        count = _decoded(result.acks, _int)
+        if isinstance(count, BaseException):
+            return Outcome.ERROR, count
         if count < replicas and not (held and count == replica_count(result.role)):
             return Outcome.ERROR, NotReplicated(count, replicas, timeout_ms)
         return outcome, detail

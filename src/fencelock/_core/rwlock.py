@@ -20,34 +20,24 @@ reader to leave, itself included (so it fails with NotAcquired after its wait).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .keys import rw_keys
-from .plan import LockPlan, Wiring
+from .plan import LockPlan, Wiring, lock_wiring
 
 
 def writer_plan(base: LockPlan) -> LockPlan:
     keys = rw_keys(base.key)
     k = keys.writer
-    return base.rewired(
-        k,
-        Wiring(
-            acquire="rw_write_acquire",
-            acquire_keys=(
-                k.lock,
-                k.fence,
-                k.holder,
-                k.waiters,
-                k.handoff,
-                keys.readers,
-                keys.intent,
-            ),
-            commit="fence_commit",
-            commit_keys=(k.lock, k.fence),
-            release="rw_write_release",
-            release_keys=(k.lock, k.holder, k.waiters, k.wake),
-            extend="extend",
-            extend_keys=(k.lock, k.holder),
-        ),
+    # commit and extend are the plain lock's
+    wiring = replace(
+        lock_wiring(k),
+        acquire="rw_write_acquire",
+        acquire_keys=(k.lock, k.fence, k.holder, k.waiters, k.handoff, keys.readers, keys.intent),
+        release="rw_write_release",
+        release_keys=(k.lock, k.holder, k.waiters, k.wake),
     )
+    return base.rewired(k, wiring)
 
 
 def reader_plan(base: LockPlan) -> LockPlan:

@@ -13,6 +13,7 @@ without the right to run ``INFO`` or ``ROLE`` (least-privilege ACLs) is fine: no
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .address import Address
@@ -181,3 +182,22 @@ def identity_from(
         uptime_s=int(uptime) if uptime.isdigit() else 0,
         cluster_id=cluster_id,
     )
+
+
+def split_prelude(
+    replies: list[object],
+    n: int,
+    *,
+    address: Address | None,
+    identify: bool,
+    on_error: Callable[[], object],
+) -> tuple[Identity | None, list[object]]:
+    """The identity told by the first ``n`` of ``replies`` (the :func:`prelude`'s), and the
+    replies after them. When they say the handshake failed, ``on_error`` runs (the connection
+    closes) before the error is raised on."""
+    try:
+        identity = identity_from(replies[:n], address=address, identify=identify)
+    except BaseException:
+        on_error()
+        raise
+    return identity, replies[n:]

@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import ConfigError
 from ..options import check_url, redact_url
@@ -208,6 +208,30 @@ def sweep_idle() -> int:
 def on_fork(hook: Callable[[], None]) -> None:
     """Run ``hook`` in a forked child, after the registry dropped inherited connections."""
     _fork_hooks.append(hook)
+
+
+class PerProcess(Generic[V]):
+    """The one ``make()`` of this process, made on first call (by one thread only) and made
+    anew after a fork (the threads it started did not survive it)."""
+
+    def __init__(self, make: Callable[[], V]) -> None:
+        self._make = make
+        self._value: V | None = None
+        self._lock = threading.Lock()
+        on_fork(self._forget)
+
+    def __call__(self) -> V:
+        value = self._value
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = self._make()
+                value = self._value
+        return value
+
+    def _forget(self) -> None:
+        self._value = None  # a new one is made on first use
+        self._lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from .._core.acquire import AttemptFn, Grant, acquire, try_acquire
@@ -274,35 +275,32 @@ class LockFront:
         )
         self._check_open()
         definition = self._definition
-        if self._fair:
-            flow = acquire_fair(
-                definition.plan,
-                wait_s,
-                new_token=new_token,
-                holder_info=definition.holder,
-                rand=random.random,
-                heartbeat_s=FAIR_HEARTBEAT,
-                cancelled=cancelled,
-            )
-            return self._observed(flow) if _hooks.observers else flow
-        flow = acquire(
+        # a fair lock waits in its queue (kept by heartbeats), any other repeats its attempt
+        flow_for = (
+            partial(acquire_fair, heartbeat_s=FAIR_HEARTBEAT)
+            if self._fair
+            else partial(acquire, attempt_with=self._attempt_with())
+        )
+        flow = flow_for(
             definition.plan,
             wait_s,
             new_token=new_token,
             holder_info=definition.holder,
             rand=random.random,
-            attempt_with=self._attempt_with(),
             cancelled=cancelled,
         )
-        return self._observed(flow) if _hooks.observers else flow
+        return self._observed(flow)
 
     def _try_flow(self) -> Flow[Grant | None]:
         self._check_open()
         definition = self._definition
         flow = try_acquire(definition.plan, new_token(), definition.holder(), self._attempt_with())
-        return self._observed(flow) if _hooks.observers else flow
+        return self._observed(flow)
 
     def _observed(self, flow: Flow[Any]) -> Flow[Any]:
+        """``flow``, seen by the observers if there are any."""
+        if not _hooks.observers:
+            return flow
         return _hooks.observe_acquire(flow, self.key, len(self._definition.servers))
 
     def _check_open(self) -> None:

@@ -20,11 +20,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .._core.effects import Repeat
 from .._engine.cluster import ASKING, busy_slot
-from .._engine.registry import on_fork, sweep_idle
+from .._engine.registry import PerProcess, sweep_idle
 from .._engine.server import LateCall, Server
 from .._engine.wire import CALLS, PING, full_call, is_noscript
 from .._scripts import BY_NAME
@@ -70,42 +71,45 @@ class _Job:
             self.server.failed(f"{type(exc).__name__}: {exc}")
 
 
-class _Straggler(_Job):
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """A call of a decided round whose replies are still to come."""
+
+    #: when (monotonic s) its server counts as suspect if it has not answered
+    suspect_at: float
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    #: a NOSCRIPT is answered with the full script (the round's grant must land everywhere)
+    land: bool
+    #: the WAIT sent after the script (replicas=k), or nothing
+    tail: bytes = b""
+    #: the replies of the call itself: the script's, then the WAIT's
+    own: int = 1
+    #: the call went after ASKING (a cluster's ASK redirect)
+    asking: bool = False
+
+
+class _StragglerJob(_Job):
     def __init__(
-        self,
-        server: Server,
-        conn: Connection,
-        give_up_at: float,
-        suspect_at: float,
-        script: str,
-        keys: tuple[str, ...],
-        args: tuple[str | int, ...],
-        land: bool,
-        tail: bytes = b"",
-        own: int = 1,
-        asking: bool = False,
+        self, server: Server, conn: Connection, give_up_at: float, call: Straggler
     ) -> None:
         super().__init__(server, conn, give_up_at)
-        self.suspect_at = suspect_at
-        self.script = script
-        self.keys = keys
-        self.args = args
-        self.land = land
-        self.tail = tail  # the WAIT sent after the script (replicas=k), or nothing
-        self.own = own  # the replies of the call itself: the script's, then the WAIT's
-        self.asking = asking  # the call went after ASKING (a cluster's ASK redirect)
+        self.call = call
+        self.suspect_at = call.suspect_at  # 0 once its server was made suspect
 
     def replied(self, replies: list[object]) -> bool:
-        script = BY_NAME.get(self.script)  # None: a bare handshake
+        call = self.call
+        script = BY_NAME.get(call.script)  # None: a bare handshake
         # the script's own reply: after a slot map request or ASKING, before a WAIT's
-        if script is not None and is_noscript(replies[-self.own]):
+        if script is not None and is_noscript(replies[-call.own]):
             self.server.loaded.discard(script.sha)
-            if self.land:
-                payload = full_call(script, self.keys, self.args) + self.tail
-                if self.asking:  # ASKING holds for one command only
-                    self.conn.start(ASKING + payload, self.own + 1)
+            if call.land:
+                payload = full_call(script, call.keys, call.args) + call.tail
+                if call.asking:  # ASKING holds for one command only
+                    self.conn.start(ASKING + payload, call.own + 1)
                 else:
-                    self.conn.start(payload, self.own)
+                    self.conn.start(payload, call.own)
                 return False
         elif script is not None:
             self.server.loaded.add(script.sha)
@@ -201,27 +205,10 @@ class Background:
 
     # -- called from any thread ---------------------------------------------------------------
 
-    def adopt(
-        self,
-        server: Server,
-        conn: Connection,
-        *,
-        suspect_at: float,
-        script: str,
-        keys: tuple[str, ...],
-        args: tuple[str | int, ...],
-        land: bool,
-        tail: bytes = b"",
-        own: int = 1,
-        asking: bool = False,
-    ) -> None:
-        """Take over a straggler of a decided round: ``tail``, the ``WAIT`` sent after its
-        script; ``own``, the replies of the call itself (the script's and its WAIT's, the
-        last ones); ``asking``: it was sent after ``ASKING``."""
-        give_up_at = max(suspect_at, time.monotonic() + GIVE_UP_S)
-        job = _Straggler(
-            server, conn, give_up_at, suspect_at, script, keys, args, land, tail, own, asking
-        )
+    def adopt(self, server: Server, conn: Connection, call: Straggler) -> None:
+        """Take over a straggler of a decided round (on ``conn``, a connection to ``server``)."""
+        give_up_at = max(call.suspect_at, time.monotonic() + GIVE_UP_S)
+        job = _StragglerJob(server, conn, give_up_at, call)
         self._post(lambda: self._add(job))
 
     def watch(self, server: Server) -> None:
@@ -297,7 +284,7 @@ class Background:
             self._inbox.popleft()()
         now = time.monotonic()
         for job in list(self._jobs.values()):
-            if isinstance(job, _Straggler) and job.suspect_at and now >= job.suspect_at:
+            if isinstance(job, _StragglerJob) and job.suspect_at and now >= job.suspect_at:
                 job.suspect_at = 0.0
                 if job.server.failed("no answer within the server timeout"):
                     self._watched.add(job.server)
@@ -375,23 +362,5 @@ class Background:
         self._add(job)
 
 
-_instance: Background | None = None
-_instance_lock = threading.Lock()
-
-
-def background() -> Background:
-    global _instance
-    if _instance is None:
-        with _instance_lock:
-            if _instance is None:
-                _instance = Background()
-    return _instance
-
-
-def _reset_after_fork() -> None:
-    global _instance, _instance_lock
-    _instance = None  # the thread did not survive the fork; a new one starts on first use
-    _instance_lock = threading.Lock()
-
-
-on_fork(_reset_after_fork)
+#: The process's background thread, started on first use (and again in a forked child).
+background = PerProcess(Background)

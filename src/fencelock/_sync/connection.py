@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Final
 
 from .._engine.address import Address
-from .._engine.handshake import Identity, identity_from, prelude
+from .._engine.handshake import Identity, prelude, split_prelude
 from .._engine.resp import Parser, ProtocolError
 
 __all__ = ["Connection"]
@@ -375,14 +375,9 @@ class Connection:
         n = self._prelude_n
         if n:
             self._prelude_n = 0
-            try:
-                self.identity = identity_from(
-                    replies[:n], address=self.address, identify=self.identify
-                )
-            except BaseException:
-                self.close()
-                raise
-            replies = replies[n:]
+            self.identity, replies = split_prelude(
+                replies, n, address=self.address, identify=self.identify, on_error=self.close
+            )
         self._fresh = False
         self.last_used = time.monotonic()
         return replies

@@ -54,7 +54,7 @@ from .._engine.wire import (
     wait_tail,
 )
 from .._scripts import Script
-from .background import background
+from .background import Straggler, background
 from .connection import Connection, Stopped
 
 T = TypeVar("T")
@@ -751,9 +751,7 @@ class Driver:
             del round_.calls[fd]
             with contextlib.suppress(KeyError, ValueError):
                 selector.unregister(fd)
-            background().adopt(
-                call.node,
-                call.conn,
+            straggler = Straggler(
                 suspect_at=round_.deadline,
                 script=effect.script,
                 keys=effect.keys,
@@ -763,6 +761,7 @@ class Driver:
                 own=call.own,
                 asking=call.asking,
             )
+            background().adopt(call.node, call.conn, straggler)
 
     def _failed(self, server: Server, exc: BaseException) -> None:
         """A call failed: the server is suspect (skipped by rounds, probed in the background)

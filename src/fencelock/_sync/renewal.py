@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from .._engine.registry import on_fork
+from .._engine.registry import PerProcess, on_fork
 
 #: Renewal rounds in flight at once, at the most (each bounded by one round budget).
 RENEW_WORKERS = 8
@@ -79,18 +79,9 @@ class _Scheduler:
                 log.exception("a fencelock timer job failed; the timers go on")
 
 
-_scheduler: _Scheduler | None = None
-_scheduler_lock = threading.Lock()
+#: The process's timer thread, started on first use (and again in a forked child).
+scheduler = PerProcess(_Scheduler)
 _renewing: weakref.WeakSet[Renewal] = weakref.WeakSet()
-
-
-def scheduler() -> _Scheduler:
-    global _scheduler
-    if _scheduler is None:
-        with _scheduler_lock:
-            if _scheduler is None:
-                _scheduler = _Scheduler()
-    return _scheduler
 
 
 def watch_deadline(lease: Renewable) -> None:
@@ -147,12 +138,11 @@ class Renewal:
 
 
 def _reset_after_fork() -> None:
-    """In a forked child the timer thread and the pool are gone: start anew, with nothing
-    armed. Every lease the child inherited is the parent's and is lost there (reason "fork",
-    see ``_lease``): renewing it would keep a dead parent's lock alive."""
-    global _scheduler, _scheduler_lock, _renewing
-    _scheduler = None
-    _scheduler_lock = threading.Lock()
+    """In a forked child the timer thread and the pool are gone: start anew (``scheduler``
+    makes a new one on first use), with nothing armed. Every lease the child inherited is the
+    parent's and is lost there (reason "fork", see ``_lease``): renewing it would keep a dead
+    parent's lock alive."""
+    global _renewing
     for renewal in list(_renewing):
         renewal.stopped = True
     _renewing = weakref.WeakSet()

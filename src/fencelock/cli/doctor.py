@@ -381,6 +381,15 @@ def _check(name: str, ok: bool, severity: Severity, detail: str) -> Check:
     return {"name": name, "ok": ok, "severity": severity, "detail": detail}
 
 
+def _passed(name: str, unknown: Sequence[str], what: str, detail: str) -> Check:
+    """The end of a check that found nothing wrong where it could look: a warning naming the
+    ``unknown`` servers, where it could not read what it needs (``what``: what, and the change
+    that lets it), else passed (``detail``)."""
+    if unknown:
+        return _check(name, False, "warning", f"{', '.join(unknown)}: {what}")
+    return _check(name, True, "error", detail)
+
+
 def _eviction(probes: Sequence[_Probe]) -> Check:
     bad, unknown = [], []
     for p in probes:
@@ -406,15 +415,13 @@ def _eviction(probes: Sequence[_Probe]) -> Check:
             "default volatile-lru evicts lock keys first), or give locks a server of their own "
             "with memory to spare.",
         )
-    if unknown:
-        return _check(
-            "eviction_policy",
-            False,
-            "warning",
-            f"{', '.join(unknown)}: maxmemory-policy unknown (INFO memory not allowed). Change: "
-            "allow INFO for this user, and make sure the policy is noeviction.",
-        )
-    return _check("eviction_policy", True, "error", "noeviction everywhere: lock keys stay")
+    return _passed(
+        "eviction_policy",
+        unknown,
+        "maxmemory-policy unknown (INFO memory not allowed). Change: allow INFO for this user, "
+        "and make sure the policy is noeviction.",
+        "noeviction everywhere: lock keys stay",
+    )
 
 
 def _persistence(probes: Sequence[_Probe]) -> Check:
@@ -514,15 +521,15 @@ def _independence(probes: Sequence[_Probe]) -> Check:
             "list with ConfigError).",
         )
     unknown = [p.row["server"] for p in probes if p.row["run_id"] is None]
-    if unknown and len(probes) > 1:
-        return _check(
-            "independence",
-            False,
-            "warning",
-            f"{', '.join(unknown)}: run_id unknown (INFO not allowed), so the same server "
-            "listed twice cannot be told. Change: allow INFO for this user.",
-        )
-    return _check("independence", True, "error", "every server is listed once")
+    if len(probes) == 1:
+        unknown = []  # one server cannot be listed twice: its run_id is not needed
+    return _passed(
+        "independence",
+        unknown,
+        "run_id unknown (INFO not allowed), so the same server listed twice cannot be told. "
+        "Change: allow INFO for this user.",
+        "every server is listed once",
+    )
 
 
 def _replicas(probes: Sequence[_Probe]) -> Check:
@@ -542,14 +549,12 @@ def _replicas(probes: Sequence[_Probe]) -> Check:
             "acknowledged by replicas use Lock(replicas=k).",
         )
     unknown = [p.row["server"] for p in probes if p.row["role"] is None]
-    if unknown:
-        return _check(
-            "replicas",
-            False,
-            "warning",
-            f"{', '.join(unknown)}: role unknown (ROLE not allowed). Change: allow ROLE.",
-        )
-    return _check("replicas", True, "error", "every server is a primary")
+    return _passed(
+        "replicas",
+        unknown,
+        "role unknown (ROLE not allowed). Change: allow ROLE.",
+        "every server is a primary",
+    )
 
 
 def _acl(probes: Sequence[_Probe]) -> Check:

@@ -41,6 +41,17 @@ __all__ = ["SLOTS", "Cluster", "ClusterNode"]
 SLOTS = 16384
 
 
+def _untaken_port(host: str, taken: set[int]) -> int:
+    """A free port of ``host`` not in ``taken`` (ports chosen but not bound yet), added to it."""
+    port = free_port(host)
+    for _ in range(100):
+        if port not in taken:
+            break
+        port = free_port(host)
+    taken.add(port)
+    return port
+
+
 class ClusterNode(Server):
     """One node of a :class:`Cluster`: a :class:`~fencelock.testing.Server` started with
     ``--cluster-enabled yes`` and its own ``nodes.conf``; ``node_id`` once the cluster formed.
@@ -62,22 +73,12 @@ class ClusterNode(Server):
         # other nodes, which are not bound yet
         host = kwargs.get("host", "127.0.0.1")
         taken = set() if taken is None else taken
-        bus = free_port(host)
-        for _ in range(100):
-            if bus not in taken:
-                break
-            bus = free_port(host)
-        taken.add(bus)
+        bus = _untaken_port(host, taken)
         self.tls_port: int | None = None
         tls: tuple[str, ...] = ()
         if tls_files is not None:
             cert, key, ca = tls_files
-            tls_port = free_port(host)
-            for _ in range(100):
-                if tls_port not in taken:
-                    break
-                tls_port = free_port(host)
-            taken.add(tls_port)
+            tls_port = _untaken_port(host, taken)
             self.tls_port = tls_port
             # a TLS client is told the TLS ports (CLUSTER SLOTS, MOVED), a plain one the plain
             tls = (
@@ -378,9 +379,7 @@ class Cluster(Managed):
         Raises:
             ServerError: listing the nodes that could not be stopped.
         """
-        errors = ServerGroup._parallel(lambda s: s.stop(timeout=timeout), self.nodes)
-        if errors:
-            raise ServerError(f"{len(errors)} cluster nodes failed to stop: {errors}")
+        ServerGroup._stop_all(self.nodes, timeout, "cluster nodes failed to stop")
 
     # ---- faults -----------------------------------------------------------------------------
 

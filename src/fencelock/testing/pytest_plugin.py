@@ -23,7 +23,7 @@ same engine. Without it :func:`~fencelock.testing.find_server_binary` decides.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 import pytest
@@ -104,6 +104,18 @@ def fencelock_server(fencelock_server_binary: str) -> Iterator[Server]:
         yield server
 
 
+def _stop_all(made: Iterable[ServerGroup | ReplicaSet], fixture: str) -> None:
+    """Stop every topology ``fixture`` made, even if some fail; then raise one error for all."""
+    errors: list[ServerError] = []
+    for topology in made:
+        try:
+            topology.stop()
+        except ServerError as exc:
+            errors.append(exc)
+    if errors:
+        raise ServerError(f"{fixture} teardown: {errors}")
+
+
 @pytest.fixture
 def fencelock_servers(fencelock_server_binary: str) -> Iterator[ServerGroupFactory]:
     """Factory of started :class:`ServerGroup`; all groups are stopped at teardown."""
@@ -116,14 +128,7 @@ def fencelock_servers(fencelock_server_binary: str) -> Iterator[ServerGroupFacto
         return group.start()
 
     yield make
-    errors: list[ServerError] = []
-    for group in groups:
-        try:
-            group.stop()
-        except ServerError as exc:
-            errors.append(exc)
-    if errors:
-        raise ServerError(f"fencelock_servers teardown: {errors}")
+    _stop_all(groups, "fencelock_servers")
 
 
 @pytest.fixture(scope="session")
@@ -145,11 +150,4 @@ def fencelock_replica_sets(fencelock_server_binary: str) -> Iterator[ReplicaSetF
         return topology.start()
 
     yield make
-    errors: list[ServerError] = []
-    for topology in made:
-        try:
-            topology.stop()
-        except ServerError as exc:
-            errors.append(exc)
-    if errors:
-        raise ServerError(f"fencelock_replica_sets teardown: {errors}")
+    _stop_all(made, "fencelock_replica_sets")

@@ -453,9 +453,7 @@ class ReplicaSet(Managed):
             ServerError: listing every process that could not be stopped.
         """
         everything: list[Server] = [*self.sentinels, *self.nodes]
-        errors = ServerGroup._parallel(lambda s: s.stop(timeout=timeout), everything)
-        if errors:
-            raise ServerError(f"{len(errors)} processes could not be stopped: {errors}")
+        ServerGroup._stop_all(everything, timeout, "processes could not be stopped")
 
     def _started(self) -> bool:
         return bool(self.nodes)

@@ -775,9 +775,15 @@ class ServerGroup(Managed):
         Raises:
             ServerError: listing every server that could not be stopped.
         """
-        errors = self._parallel(lambda s: s.stop(timeout=timeout), self._servers)
+        self._stop_all(self._servers, timeout, "servers failed to stop")
+
+    @staticmethod
+    def _stop_all(servers: Sequence[Server], timeout: float, failed: str) -> None:
+        """Stop ``servers`` in parallel, even if some fail; then raise one error listing the
+        failures ("<how many> <failed>: ...")."""
+        errors = ServerGroup._parallel(lambda s: s.stop(timeout=timeout), servers)
         if errors:
-            raise ServerError(f"{len(errors)} servers failed to stop: {errors}")
+            raise ServerError(f"{len(errors)} {failed}: {errors}")
 
     @staticmethod
     def _parallel(action: Callable[[Server], object], servers: Sequence[Server]) -> list[str]:
