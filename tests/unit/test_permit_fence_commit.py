@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fencelock._core.effects import NOW, Broadcast
+from fencelock._core.acquire import Attempt
+from fencelock._core.effects import IDENTITIES, NOW, SETTLE, Broadcast, Identify, Repeat, Settle
 from fencelock._core.plan import make_plan
 from fencelock._core.quorum import Outcome, Tally
 from fencelock._core.replies import AcquireReply
 from fencelock._core.rounds import AcquireDecision, Status
 from fencelock._core.semaphore import (
     CommitReply,
+    attempt_permit,
     classify_permit_commit,
     commit_ok,
     commit_permit_fence,
@@ -116,3 +118,57 @@ def test_the_commit_reply_is_decoded_strictly() -> None:
     for bad in ([1], [2, b"1"], [1, b"x"], b"1", None):
         assert classify_permit_commit(bad)[0] is Outcome.ERROR
     assert classify_permit_commit(TimeoutError())[0] is Outcome.ERROR
+
+
+def run_attempt(sweep_s: float) -> tuple[Attempt, list[tuple[str, tuple[int, ...]]]]:
+    """One permit attempt on 3 servers: 0 and 1 grant slot 0, 2 grants slot 1 (a stray, freed
+    by a release round after the commit); that release round takes ``sweep_s``."""
+    flow = attempt_permit(semaphore(), "tok", "", woken=False, waiter="-", patience=0)
+    rounds: list[tuple[str, tuple[int, ...]]] = []
+    answer: object = None
+    clock = 100.0
+    acquire = {0: [1, 100, 0], 1: [1, 80, 0], 2: [1, 90, 1]}
+    try:
+        while True:
+            effect = flow.send(answer)
+            answer = None
+            if effect is NOW:
+                answer = clock
+            elif effect is IDENTITIES or isinstance(effect, Identify):
+                answer = (None, None, None)
+            elif isinstance(effect, Broadcast):
+                rounds.append((effect.script, tuple(effect.targets)))
+                first_sweep = (
+                    effect.script == "sem_sweep"
+                    and len([r for r in rounds if r[0] == "sem_sweep"]) == 1
+                )
+                clock += sweep_s if first_sweep else 0.001
+                for index in effect.targets:
+                    if effect.script == "sem_acquire":
+                        reply: object = acquire[index]
+                    elif effect.script == "sem_fence_commit":
+                        reply = [1, b"0"]
+                    else:
+                        reply = 1
+                    effect.tally.record(index, *effect.classify(reply))
+            elif effect is SETTLE or isinstance(effect, Settle | Repeat):
+                pass
+            else:
+                raise AssertionError(f"unexpected effect {effect!r}")
+    except StopIteration as stop:
+        return stop.value, rounds
+
+
+def test_a_permit_is_granted_after_its_stray_slot_is_freed_in_time() -> None:
+    result, rounds = run_attempt(sweep_s=0.001)
+    assert result.grant is not None and result.grant.slot == 0
+    assert rounds[-1] == ("sem_sweep", (2,))  # the stray slot freed, ours kept
+
+
+def test_a_permit_whose_stray_release_outlasted_its_validity_is_not_granted() -> None:
+    """Seed 51656: the release of a stray slot is a round after the commit's validity check;
+    a process that stopped in it (GC, SIGSTOP) for about a lease must not return the permit."""
+    result, rounds = run_attempt(sweep_s=10.0)  # ttl 10 s: the lease ran out meanwhile
+    assert result.grant is None
+    assert result.decision.status is Status.TOO_SLOW
+    assert rounds[-1][0] == "sem_sweep" and 0 in rounds[-1][1] and 1 in rounds[-1][1]

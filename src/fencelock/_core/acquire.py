@@ -46,6 +46,7 @@ from .quorum import Outcome, Tally
 from .release import release_args, release_round
 from .replies import AcquireReply, classify_acquire, classify_commit, with_wait
 from .rounds import AcquireDecision, Status, decide_acquire, decide_confirm
+from .timing import validity_ms
 from .verdicts import (
     acquire_failure,
     first_held,
@@ -236,6 +237,11 @@ def grant_attempt(
         )
         if strays:  # servers that granted us another slot: free it there
             yield from release_round(undo, token, strays)
+            # a round after the last validity check: the lease may have run out meanwhile
+            now = yield NOW
+            if validity_ms(plan.ttl_ms, (now - start) * 1000.0, drift) <= 0:
+                decision = AcquireDecision(Status.TOO_SLOW)
+    if decision.status is Status.GRANTED:
         deadline = start + (plan.ttl_ms - drift) / 1000.0
         return Attempt(Grant(token, decision.fence, start, deadline, slot), decision, view, heard)
     grace = straggler_grace_s(now - start, plan.budget_s)
