@@ -896,7 +896,8 @@ def _innermost_await(task: asyncio.Task[Any]) -> str:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:
             break
-        where = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
+        code = frame.f_code
+        where = f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {code.co_name}"
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
         if coro is None:
             break
