@@ -82,7 +82,15 @@ def config_for(seed: int) -> Config:
         config.primitives = family.choice(FAMILY_MIXES)
     if "multilock" in config.primitives:
         config.keys = max(config.keys, 2)
+    cancel = random.Random(seed * 7919 + 3)
+    if cancel.random() < CANCEL_SHARE:
+        config.cancels = cancel.randint(1, 3)
     return config
+
+
+#: The share of schedules with "cancel_task" faults (1-3 client tasks cancelled at seeded
+#: moments; a draw of its own, so the other schedules stay as they were)
+CANCEL_SHARE = 0.3
 
 
 #: A search collects the garbage before every this many schedules (a full collection per
@@ -93,11 +101,18 @@ COLLECT_EVERY = 10
 #: seeds 13252 and 13782 found, fixed; --no-extend-while-renewing leaves it out)
 EXTEND_WHILE_RENEWING = [True]
 
+#: --cancel: the "cancel_task" faults of CANCEL_SHARE of the schedules; off by default (CI's
+#: draw) until the late NOSCRIPT straggler of a cancelled acquire is fixed: seed 50987 with
+#: --cancel leaves a ghost key (docs/testing.md)
+CANCEL = [False]
+
 
 def base_config(seed: int) -> Config:
     """Schedule ``seed``'s configuration as a search runs it (the command's flags applied)."""
     config = config_for(seed)
     config.extend_while_renewing = EXTEND_WHILE_RENEWING[0]
+    if not CANCEL[0]:
+        config.cancels = 0
     return config
 
 
@@ -359,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         help="let holds extend while keep_alive renews (default: on)",
     )
     parser.add_argument(
+        "--cancel",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="cancel client tasks at seeded moments in some schedules (default: off)",
+    )
+    parser.add_argument(
         "--pending",
         action="store_true",
         help="with --mutants: also the mutants not caught yet (their misses do not fail)",
@@ -368,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     EXTEND_WHILE_RENEWING[0] = args.extend_while_renewing
+    CANCEL[0] = args.cancel
     import logging
 
     # the library's warnings (a lease at risk, lost) are the faults doing their work: the

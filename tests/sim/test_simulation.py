@@ -84,8 +84,9 @@ def test_a_seed_replays_byte_for_byte() -> None:
 @pytest.mark.parametrize("seed", [144, 456, 807])
 def test_a_seed_that_found_a_ghost_key_runs_clean(seed: int) -> None:
     run = subprocess.run(
-        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=_env()
-    )
+        [*SIMULATE, "--replay", str(seed), "--no-cancel"],  # (the schedule that found it)
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
 
@@ -108,7 +109,7 @@ def test_a_seed_that_found_an_extend_racing_a_renewal_runs_clean(
     seed: int, flags: list[str]
 ) -> None:
     run = subprocess.run(
-        [*SIMULATE, "--replay", str(seed), *flags],
+        [*SIMULATE, "--replay", str(seed), *flags, "--no-cancel"],
         capture_output=True, text=True, timeout=120, env=_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]

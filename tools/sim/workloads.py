@@ -29,6 +29,7 @@ def lock_workload(world: World) -> None:
     keys = [f"k{i}" for i in range(cfg.keys)]
     start = world.clock.now
     world.plan_faults(start + 0.05, start + cfg.duration * 0.8)
+    world.plan_cancels(start + 0.05, start + cfg.duration * 0.5)
     finished: list[int] = [0]
 
     def job(client: str, number: int) -> Callable[[], object]:
@@ -53,6 +54,7 @@ def lock_workload(world: World) -> None:
             await asyncio.sleep(span / 3)
             ttl = rng.uniform(MIN_EXTEND, 1.5) * cfg.ttl
             grant.extending = True
+            world.phase[name] = "extend"
             try:
                 await lease.extend(ttl)
                 world.note(f"{name} extended to {ttl:.3f} s: until {lease.deadline - 1000:.4f}")
@@ -62,6 +64,7 @@ def lock_workload(world: World) -> None:
                     return
             finally:
                 grant.extending = False
+                world.phase[name] = "hold"
 
     def granted(
         name: str, key: str, lease: fl.Lease, asked: float, kind: str = "lock"
@@ -86,9 +89,16 @@ def lock_workload(world: World) -> None:
         grant.ended = world.clock.now
         grant.lease = None
         grant.lost_reason = lease.lost_reason
+        world.phase[name] = "release"
         try:
             await lease.release()
             grant.release = "ok"
+        except asyncio.CancelledError:
+            # (a cancel_task fault: the library must release all the same, or repeat it in
+            # the background; the key watch reports it still on a majority past the window)
+            grant.release = "cancelled"
+            world.note(f"{name} release of {grant.key} cancelled")
+            raise
         except LockLost:
             grant.release = "LockLost"
         except Unavailable:
@@ -106,19 +116,23 @@ def lock_workload(world: World) -> None:
         election = client.election("e0", name=name)
         asked = world.clock.now
         state: list[Any] = []
+        world.phase[name] = "acquire election"
         try:
             async with election.campaign(wait=cfg.wait) as term:
                 grant, lost_at = granted(name, "e0", term, asked, "election")
                 state[:] = [grant, term, lost_at]
                 resign = rng.random() < 0.3
+                world.phase[name] = "hold election"
                 try:
                     await asyncio.sleep(rng.uniform(0.0, cfg.hold_max + cfg.ttl / 2))
                 finally:
+                    world.phase[name] = "leave election"
                     grant.deadline = min(term.deadline, *lost_at) if lost_at else term.deadline
                     grant.ended = world.clock.now
                     grant.lease = None
                     grant.lost_reason = term.lost_reason
                 if resign:
+                    world.phase[name] = "resign election"
                     await election.resign()
                     world.note(f"{name} resigned e0")
             grant.release = "left"  # a hold's release: its outcome is not reported
@@ -133,8 +147,24 @@ def lock_workload(world: World) -> None:
             world.note(f"{name} lost e0")
 
     async def task(client: str, number: int, t: int) -> None:
-        rng = world.rng
+        """One task of a job; a cancel_task fault's CancelledError ends it (recorded), any
+        other goes on (the loop closing)."""
         name = f"{client}/j{number}/t{t}"
+        me = asyncio.current_task()
+        assert me is not None
+        world.running[name] = me
+        try:
+            await take(name)
+        except asyncio.CancelledError:
+            if name not in world.cancelled:
+                raise
+            world.note(f"{name} ended by its cancellation")
+        finally:
+            world.running.pop(name, None)
+            world.phase.pop(name, None)
+
+    async def take(name: str) -> None:
+        rng = world.rng
         kind = rng.choice(cfg.primitives)
         options = {"ttl": cfg.ttl, "wait": cfg.wait, "server_timeout": cfg.server_timeout}
         asked = world.clock.now
@@ -142,6 +172,7 @@ def lock_workload(world: World) -> None:
             await campaign(name)
             return
         granted_as = kind if kind == "fair" else "lock"
+        world.phase[name] = f"acquire {kind}"
         try:
             if kind == "multilock" and len(keys) >= 2:
                 chosen = sorted(rng.sample(keys, rng.randrange(2, len(keys) + 1)))
@@ -205,15 +236,26 @@ def lock_workload(world: World) -> None:
             (granted(name, k, lease, asked, granted_as), lease)
             for k, lease in zip(chosen, leases, strict=True)
         ]
-        if len(leases) == 1:
-            (grant, lost_at), lease = held[0]
-            if cfg.renew:
-                lease.keep_alive()
-            await hold(lease, name, grant)
-        else:
-            await asyncio.sleep(rng.uniform(0.0, cfg.hold_max))
-        for (grant, lost_at), lease in held:
-            await ended(name, grant, lease, lost_at)
+        world.phase[name] = "hold"
+        try:
+            if len(leases) == 1:
+                (grant, lost_at), lease = held[0]
+                if cfg.renew:
+                    lease.keep_alive()
+                await hold(lease, name, grant)
+            else:
+                await asyncio.sleep(rng.uniform(0.0, cfg.hold_max))
+            for (grant, lost_at), lease in held:
+                await ended(name, grant, lease, lost_at)
+        except asyncio.CancelledError:
+            if name not in world.cancelled:
+                raise
+            # on the way out (a ``finally``, an ``async with``): what is still held is
+            # released, once (a release the cancellation cut short is not repeated here)
+            for (grant, lost_at), lease in held:
+                if grant.ended is None:
+                    await ended(name, grant, lease, lost_at)
+            raise
 
     def run_jobs(client: str) -> None:
         def next_job(number: int) -> None:
@@ -250,6 +292,7 @@ def lock_workload(world: World) -> None:
     world.watching = True
     world.at(world.clock.now, world.watch_keys)
     world.run_until(lambda: finished[0] >= cfg.clients, start + cfg.duration * 4)
+    world.workload_over = True
 
     # every fault heals; then each key must be acquirable within a bound (no ghost key)
     heal_at = max(world.clock.now, start + cfg.duration) + 1.0

@@ -114,6 +114,9 @@ class History:
     # ... and the family's acquire scripts (each takes the token as ARGV[1], as acquire does)
     acquire_shas: frozenset[bytes] = frozenset()
     plan: list[tuple[float, str, bool]] = field(default_factory=list)  # (when, kind, kept)
+    # cancellations the "cancel_task" fault made: (true time, task, what it was doing, the
+    # innermost frame of the await it was at)
+    cancels: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     def quiet(self, since: float, until: float) -> bool:
         """No fault window meets [since, until]."""
@@ -231,6 +234,10 @@ class Config:
     # the planned faults (by index in the seed's plan) that are injected; None: all of them
     # (a shrunk schedule keeps some: tools/sim/shrink.py)
     keep_faults: tuple[int, ...] | None = None
+    # "cancel_task" faults (a client task cancelled at whatever await it is at), planned
+    # after the others (their indices in the plan follow fault_count's) from a random stream
+    # of their own: a schedule without them is the schedule it was before them
+    cancels: int = 0
 
 
 #: The engine's process-wide state (module globals): each client process of the world has its
@@ -311,6 +318,15 @@ class World:
         # lost and the connection reset; a new connection is refused
         self.cut: set[tuple[str, int]] = set()
         self.dead: set[str] = set()  # client processes killed (kill -9): nothing of theirs runs
+        # the workload's tasks running now (by name, in the order they started), what each is
+        # doing ("acquire lock", "hold", "extend", "release", ...), and those a "cancel_task"
+        # fault cancelled (their CancelledError is the fault's, not the job's end)
+        self.running: dict[str, asyncio.Task[Any]] = {}
+        self.phase: dict[str, str] = {}
+        self.cancelled: set[str] = set()
+        # "cancel_task": when, and which task, from a stream of its own (not self.rng)
+        self.cancel_rng = random.Random(seed * 7919 + 13)
+        self.workload_over = False  # every client process ran its jobs
 
     # -- clocks and events ------------------------------------------------------------------
 
@@ -575,6 +591,49 @@ class World:
             self.history.faults[kind] = self.history.faults.get(kind, 0) + 1
             self.at(when, lambda k=kind: self._inject(k))
 
+    def plan_cancels(self, start: float, end: float) -> None:
+        """The "cancel_task" faults: ``config.cancels`` moments in [start, end], drawn from
+        ``cancel_rng`` (the other faults' draws, and so every schedule without a cancellation,
+        stay as they were); in the plan after the others, so a shrink can leave them out."""
+        keep = self.config.keep_faults
+        for number in range(self.config.fault_count, self.config.fault_count + self.config.cancels):
+            when = self.cancel_rng.uniform(start, end)
+            kept = keep is None or number in keep
+            self.history.plan.append((when, "cancel_task", kept))
+            if not kept:
+                continue
+            self.history.faults["cancel_task"] = self.history.faults.get("cancel_task", 0) + 1
+            self.at(when, self._cancel_task)
+
+    def _cancel_task(self) -> None:
+        """``task.cancel()`` of one of the workload's running tasks, at whatever await it is
+        at (acquiring, holding, extending, releasing ...): what the library promises then is
+        for the checkers to judge (nothing left held by a cancelled acquire, a cancelled
+        release applied all the same, never two valid leases)."""
+        live = [
+            name
+            for name, task in self.running.items()
+            if name not in self.cancelled and not task.done() and not task.get_loop().is_closed()
+        ]
+        if not live:
+            # between jobs, or a job's loop paused: the next task running a moment later
+            # (until the workload is over)
+            if self.workload_over:
+                self.note("cancel: no client task running")
+            else:
+                self.at(self.clock.now + self.cancel_rng.uniform(0.005, 0.2), self._cancel_task)
+            return
+        name = self.cancel_rng.choice(live)
+        task = self.running[name]
+        where = _innermost_await(task)
+        phase = self.phase.get(name, "?")
+        self.cancelled.add(name)
+        self.history.cancels.append((self.clock.now, name, phase, where))
+        self.note(f"cancel {name} ({phase}) at {where}")
+        # (a connection the task shared may be closed by its cancellation: as a reset)
+        self._fault_until(self.clock.now)
+        task.cancel()
+
     def _fault_until(self, until: float) -> None:
         self.last_fault = max(self.last_fault, until)
         self.history.fault_windows.append((self.clock.now, until))
@@ -618,10 +677,13 @@ class World:
                     self._seen[entry] = now + 1e9  # reported once
                 elif (
                     grant is not None
-                    and grant.release == "ok"
+                    and grant.release in ("ok", "cancelled")
                     and grant.ended is not None
                     and now - grant.ended > window
                 ):
+                    # (a release cancelled by a cancel_task fault goes on without its caller,
+                    # or is repeated in the background: past the window, with no fault in it,
+                    # it must have been applied as a confirmed one)
                     stale.setdefault((key, value), []).append(index)
         majority = len(self.servers) // 2 + 1
         self._check_leases(now, majority)
@@ -630,9 +692,10 @@ class World:
             if len(where) >= majority and (key, value) not in self._reported:
                 self._reported.add((key, value))
                 grant = granted[value]
+                what = "confirmed" if grant.release == "ok" else "cancelled (it goes on)"
                 self.history.unapplied.append(
                     f"{key.decode()} still on {len(where)}/{len(self.servers)} servers: "
-                    f"{grant.client}'s release was confirmed {now - (grant.ended or now):.3f} s ago"
+                    f"{grant.client}'s release was {what} {now - (grant.ended or now):.3f} s ago"
                 )
         for entry in [e for e in self._seen if e not in present]:
             del self._seen[entry]
@@ -822,6 +885,28 @@ class SimBackground:
             index = self._index(servers[target])
             if index is not None:
                 world.at(world.clock.now + self.PROBE_EVERY_S, repeater(index))
+
+
+def _innermost_await(task: asyncio.Task[Any]) -> str:
+    """Where ``task`` waits now: the innermost frame of its chain of awaits (``file:line
+    function``; ``Task.get_stack()`` gives the outermost coroutine's frame only)."""
+    where = "?"
+    coro: Any = task.get_coro()
+    for _ in range(100):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        code = frame.f_code
+        where = f"{code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {code.co_name}"
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        if coro is None:
+            break
+        if isinstance(coro, asyncio.Future):  # a future (a task: its own chain goes on)
+            if isinstance(coro, asyncio.Task):
+                coro = coro.get_coro()
+                continue
+            break
+    return where
 
 
 def seeded_tokens(rng: random.Random) -> Callable[[int], str]:

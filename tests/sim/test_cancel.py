@@ -1,0 +1,55 @@
+"""The "cancel_task" fault (tools/sim/world.py, ``--cancel``): a client task cancelled
+(``task.cancel()``) at whatever await it is at. Seed 166 cancels an acquire in the middle of
+its round and, later, a release in the middle of its round (the library must release all
+the same); the schedule replays byte for byte and clean. Without ``--cancel`` (the default,
+CI's draw) the seed's faults keep their plan.
+
+Seed 50987 (with ``--cancel``) found a ghost key: an acquire cancelled mid-round while one of
+its servers had restarted with an empty script cache; the parked round's straggler answered
+NOSCRIPT and sent the acquire in full after the cleanup's release (and its background
+repeat) had already run there, so the key stayed held by nobody until its TTL. Not fixed
+yet: the test is an expected failure (docs/testing.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.sim.test_simulation import SIMULATE, _env
+
+
+def _replay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SIMULATE, "--replay", *args], capture_output=True, text=True, timeout=120, env=_env()
+    )
+
+
+def test_a_cancel_schedule_fires_mid_round_and_replays_clean() -> None:
+    runs = [_replay("166", "--cancel") for _ in range(2)]
+    assert runs[0].stdout == runs[1].stdout
+    out = runs[0].stdout
+    assert runs[0].returncode == 0, out[-3000:]
+    assert "VIOLATION" not in out
+    assert "cancel_task" in out.splitlines()[0]  # in the plan (a shrink may leave it out)
+    cancels = re.findall(r"cancel (\S+) \(([a-z ]+)\) at (\S+) (\S+)", out)
+    # an acquire cancelled while its round was out, then a release cancelled mid-round
+    assert any(p == "acquire lock" and w == "_collect" for _, p, _, w in cancels)
+    assert any(p == "release" and w == "_collect" for _, p, _, w in cancels)
+    assert "c0/j2/t0 release of k0 cancelled" in out
+    assert out.count("ended by its cancellation") == 2
+
+
+def test_without_cancel_the_other_faults_are_as_they_were() -> None:
+    with_cancel = _replay("166", "--cancel").stdout.splitlines()[0]
+    without = _replay("166").stdout.splitlines()[0]
+    assert "cancel_task" not in without
+    assert with_cancel.startswith(without.rstrip())
+
+
+@pytest.mark.xfail(strict=True, reason="a cancelled acquire's late NOSCRIPT straggler lands")
+def test_a_cancelled_acquire_leaves_no_key_behind_seed_50987() -> None:
+    run = _replay("50987", "--cancel")
+    assert "cancel c1/j2/t1 (acquire lock) at driver.py" in run.stdout
+    assert "VIOLATION" not in run.stdout, run.stdout[-2000:]
