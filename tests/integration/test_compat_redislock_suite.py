@@ -63,15 +63,23 @@ from redis import StrictRedis
 SOCKET = os.environ["FENCELOCK_COMPAT_SOCKET"]
 
 
+# "name" (every parametrization) or "name:param" (those with that parameter)
 NOT_RUN = set(filter(None, os.environ.get("FENCELOCK_NOT_RUN", "").split(",")))
 
 
+def _not_run(item):
+    params = item.callspec.id.split("-") if hasattr(item, "callspec") else []
+    return item.originalname in NOT_RUN or any(
+        f"{item.originalname}:{param}" in NOT_RUN for param in params
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    """Deviations that only wait out the suite's timeout are not run (the docs' table)."""
-    skipped = [item for item in items if item.originalname in NOT_RUN]
+    """The deviations the docs' table marks ``not run`` are deselected."""
+    skipped = [item for item in items if _not_run(item)]
     if skipped:
         config.hook.pytest_deselected(items=skipped)
-        items[:] = [item for item in items if item.originalname not in NOT_RUN]
+        items[:] = [item for item in items if not _not_run(item)]
 
 
 @pytest.fixture
@@ -112,7 +120,7 @@ def documented_deviations() -> dict[tuple[str, str], str]:
     text = MIGRATING.read_text()
     section = text.split("## From python-redis-lock", 1)[1].split("\n## ", 1)[0]
     row = re.compile(
-        r"^\|\s*`(test_\w+)`\s*\|\s*(all|not run|`[^`]+`)\s*\|\s*(.+?)\s*\|\s*$"
+        r"^\|\s*`(test_\w+)`\s*\|\s*(all|not run(?: `[^`]+`)?|`[^`]+`)\s*\|\s*(.+?)\s*\|\s*$"
     )
     found: dict[tuple[str, str], str] = {}
     for line in section.splitlines():
@@ -168,7 +176,12 @@ def test_python_redis_locks_own_tests_pass_but_for_the_documented_deviations(
     env["FENCELOCK_COMPAT_SOCKET"] = socket_server
     env["REDIS_LOCK_TEST_TIMEOUT"] = TEST_TIMEOUT
     deviations = documented_deviations()
-    not_run = {name for name, where in deviations if where == "not run"}
+    # {"name" | "name:param"} from the rows "not run" / "not run `param`"
+    not_run = {
+        name + where.removeprefix("not run").replace(" `", ":").rstrip("`")
+        for name, where in deviations
+        if where.startswith("not run")
+    }
     env["FENCELOCK_NOT_RUN"] = ",".join(sorted(not_run))
     # the tests and their helper processes (``python tests/helper.py``) import redis_lock
     env["PYTHONPATH"] = os.pathsep.join(
@@ -200,7 +213,15 @@ def test_python_redis_locks_own_tests_pass_but_for_the_documented_deviations(
     )
     assert junit.exists(), f"the child run wrote no report:\n{child.stdout}\n{child.stderr}"
     seen = outcomes(junit, _key)
-    ran_anyway = {name for name in seen if name.partition("[")[0] in not_run}
+    ran_anyway = {
+        test
+        for test in seen
+        if test.partition("[")[0] in not_run
+        or any(
+            f"{test.partition('[')[0]}:{param}" in not_run
+            for param in test.partition("[")[2].rstrip("]").split("-")
+        )
+    }
     assert not ran_anyway, f"listed as not run, but ran: {sorted(ran_anyway)}"
     tail = child.stdout[-8000:]
     failed = {name for name, outcome in seen.items() if outcome == "failed"}
@@ -214,7 +235,7 @@ def test_python_redis_locks_own_tests_pass_but_for_the_documented_deviations(
         f"documented as deviations but they pass (update docs/migrating.md): {sorted(wrongly)}"
     )
     covered = {_listed(name, deviations) for name in failed}
-    covered |= {(name, "not run") for name in not_run}
+    covered |= {(name, where) for name, where in deviations if where.startswith("not run")}
     assert covered == set(deviations), (
         f"documented as deviations but did not run: {sorted(set(deviations) - covered)}"
     )
