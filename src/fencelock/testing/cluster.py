@@ -291,6 +291,7 @@ class Cluster(Managed):
         while True:
             try:
                 views = []
+                seen_by: list[int] = []
                 for node in self.nodes:
                     if not node.is_running:
                         continue
@@ -309,9 +310,12 @@ class Cluster(Managed):
                     if covered != SLOTS:
                         raise ServerError(f"{node.port}: {covered} slots covered")
                     views.append(sorted((int(e[0]), int(e[1]), int(e[2][1])) for e in ranges))
+                    seen_by.append(node.port)
                 if views and all(view == views[0] for view in views):
                     return
-                last = f"nodes disagree on the slot map: {views}"
+                last = "nodes disagree on the slot map: " + "; ".join(
+                    f"{port} sees {view}" for port, view in zip(seen_by, views, strict=True)
+                )
             except (ServerError, redis.RedisError, OSError) as exc:
                 last = str(exc)
             if time.monotonic() >= deadline:
