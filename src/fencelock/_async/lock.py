@@ -17,10 +17,10 @@ from .._core.acquire import Grant
 from .._frontend.context import pop_held, push_held
 from .._frontend.definition import UNSET, Definition
 from .._frontend.fronts import LockFront
-from .._frontend.lease import LeaseState, check_at_least, lingers, log
+from .._frontend.lease import LeaseState, hold_limits, lingers, log
 from .._frontend.reentry import HeldBase
 from ..errors import LockLost
-from ..options import Seconds, seconds
+from ..options import Seconds
 from .driver import AsyncDriver, keep
 
 ServerSpec = str | aredis.Redis
@@ -82,8 +82,7 @@ class Lock(LockFront):
         while the block runs, the block is cancelled and :class:`~fencelock.LockLost` raised.
         ``at_least``: see :meth:`fencelock.Lock.hold` (the release then runs in a task of
         its own, kept until done)."""
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
-        least = check_at_least(at_least, cap)
+        cap, least = hold_limits(max_hold, at_least)
         return _Hold(lambda: self.acquire(wait), renew, cap, on_lost, least)
 
     async def __aenter__(self) -> Lease:
