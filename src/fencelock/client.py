@@ -40,6 +40,7 @@ from .options import (
 
 L = TypeVar("L", Lock, AsyncLock)
 C = TypeVar("C", bound="_ClientBase[Any]")
+S = TypeVar("S", Semaphore, AsyncSemaphore)
 
 
 class _ClientBase(Generic[L]):
@@ -112,6 +113,14 @@ class _ClientBase(Generic[L]):
         options = self._options(ttl, wait, replicas)
         return Definition(self._servers, check_key(key), options, self._gate)
 
+    def _semaphore(
+        self, cls: type[S], key: str, limit: int, ttl: Seconds | None, wait: Seconds | None
+    ) -> S:
+        """``Client.semaphore`` of either flavour: the limit is checked before the key and
+        the options."""
+        limit = check_limit(limit)
+        return cls._of_limit(self._definition(key, ttl, wait), limit)  # type: ignore[no-any-return]
+
     def _definitions(
         self, keys: object, ttl: Seconds | None, wait: Seconds | None
     ) -> tuple[Definition, ...]:
@@ -166,8 +175,7 @@ class Client(_ClientBase[Lock]):
         self, key: str, limit: int = 4, ttl: Seconds | None = None, wait: Seconds | None = None
     ) -> Semaphore:
         """A semaphore of ``limit`` permits on ``key`` (see :class:`~fencelock.Semaphore`)."""
-        limit = check_limit(limit)
-        return Semaphore._of_limit(self._definition(key, ttl, wait), limit)  # type: ignore[no-any-return]
+        return self._semaphore(Semaphore, key, limit, ttl, wait)
 
     def rwlock(self, key: str, ttl: Seconds | None = None, wait: Seconds | None = None) -> RWLock:
         """A read-write lock on ``key`` (see :class:`~fencelock.RWLock`)."""
@@ -205,8 +213,7 @@ class AsyncClient(_ClientBase[AsyncLock]):
         self, key: str, limit: int = 4, ttl: Seconds | None = None, wait: Seconds | None = None
     ) -> AsyncSemaphore:
         """A semaphore of ``limit`` permits on ``key`` (see :class:`~fencelock.Semaphore`)."""
-        limit = check_limit(limit)
-        return AsyncSemaphore._of_limit(self._definition(key, ttl, wait), limit)  # type: ignore[no-any-return]
+        return self._semaphore(AsyncSemaphore, key, limit, ttl, wait)
 
     def rwlock(
         self, key: str, ttl: Seconds | None = None, wait: Seconds | None = None

@@ -29,9 +29,11 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .._engine.address import Address
-from .._engine.handshake import Identity, prelude, split_prelude
+from .._engine.handshake import prelude, split_prelude
+from .._engine.link import LinkState
 from .._engine.resp import INCOMPLETE, Parser, ProtocolError
 
 __all__ = ["AsyncConnection", "OnReplies", "Unsent"]
@@ -58,27 +60,19 @@ class Unsent(ConnectionAbortedError):
     outcome unknown: the server may have run it."""
 
 
+@dataclass(slots=True, eq=False)
 class _Pending:
     """One request's place in the connection's queue: its replies arrive in order, to
     ``future`` or to ``on_done``."""
 
-    __slots__ = ("future", "handshake_n", "on_done", "replies", "want")
-
-    def __init__(
-        self,
-        future: asyncio.Future[list[object]] | None,
-        want: int,
-        handshake_n: int,
-        on_done: OnReplies | None = None,
-    ) -> None:
-        self.future = future
-        self.want = want
-        self.handshake_n = handshake_n
-        self.on_done = on_done
-        self.replies: list[object] = []
+    future: asyncio.Future[list[object]] | None
+    want: int
+    handshake_n: int
+    on_done: OnReplies | None = None
+    replies: list[object] = field(default_factory=list, init=False)
 
 
-class AsyncConnection(asyncio.Protocol):
+class AsyncConnection(LinkState, asyncio.Protocol):
     """Connection to one server for asyncio, shared by any number of tasks of one loop.
 
     Requests are pipelined: each is queued with the number of replies it wants, and the replies
@@ -89,12 +83,7 @@ class AsyncConnection(asyncio.Protocol):
     """
 
     def __init__(self, address: Address, *, identify: bool = True) -> None:
-        self.address = address
-        self.identify = identify
-        self.identity: Identity | None = None
-        self.last_used = 0.0
-        self.client_id: int | None = None  # CLIENT ID, asked before a claiming wait
-        self.owner_pid = _pid
+        super().__init__(address, identify, _pid)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Future[None] | None = None
@@ -104,7 +93,6 @@ class AsyncConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._closed = False
         self._eof = False
-        self._fresh = True
         self._unflushed = 0  # requests at the queue's tail whose bytes are still in _out
         self._wrote = False
 
@@ -126,11 +114,6 @@ class AsyncConnection(asyncio.Protocol):
             return False
         transport = self._transport
         return transport is not None and not transport.is_closing()
-
-    @property
-    def fresh(self) -> bool:
-        """True until the first request completed (never used before)."""
-        return self._fresh
 
     @property
     def wrote(self) -> bool:

@@ -45,6 +45,7 @@ from .._engine.wire import (
     is_noscript,
     is_readonly,
     wait_tail,
+    wake_call,
 )
 from .._scripts import Script
 from .._sync.background import background
@@ -755,12 +756,7 @@ class AsyncDriver:
             return nothing
         started = time.monotonic()
         timer = loop.call_later(delay + self.timeout_s, conn.close)
-        if effect.claim is None:
-            payload = command("BLPOP", effect.wake[1], f"{delay:.3f}")
-        else:
-            payload = command(
-                "BLMOVE", effect.wake[1], effect.claim, "LEFT", "RIGHT", f"{delay:.3f}"
-            )
+        payload = wake_call(effect.wake[1], effect.claim, delay)
         try:
             if effect.claim is not None and conn.client_id is None:
                 conn.client_id = client_id((await conn.request(CLIENT_ID, 1))[0])

@@ -11,8 +11,8 @@ from .._core.acquire import Grant
 from .._frontend.definition import UNSET
 from .._frontend.family import MultiFront, RWFront
 from .._frontend.fronts import SemaphoreFront
-from .._frontend.lease import check_at_least
-from ..options import Seconds, seconds
+from .._frontend.lease import check_max_hold, hold_limits
+from ..options import Seconds
 from .lock import Lease, Lock, LostCallback, Permit, _Hold
 
 
@@ -42,8 +42,7 @@ class Semaphore(SemaphoreFront, Lock):
     ) -> _PermitHold:
         """``async with sem.hold(wait=5) as permit``: see :meth:`fencelock.asyncio.Lock.hold`
         (on loss the block is cancelled and :class:`~fencelock.LockLost` raised)."""
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
-        least = check_at_least(at_least, cap)
+        cap, least = hold_limits(max_hold, at_least)
         return _PermitHold(lambda: self.acquire(wait), renew, cap, on_lost, least)
 
 
@@ -100,7 +99,7 @@ class MultiLock(MultiFront[Lock]):
     ) -> _MultiHold:
         """``async with multi.hold() as leases``: all renewed, all released; if any is lost
         the block is cancelled and LockLost raised."""
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        cap = check_max_hold(max_hold)
         return _MultiHold(self, wait, renew, cap, on_lost)
 
     def _leases(self, grants: tuple[Grant, ...]) -> tuple[Lease, ...]:

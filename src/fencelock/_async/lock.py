@@ -7,6 +7,7 @@ import asyncio
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, cast
 
@@ -16,10 +17,10 @@ from .._core.acquire import Grant
 from .._frontend.context import pop_held, push_held
 from .._frontend.definition import UNSET, Definition
 from .._frontend.fronts import LockFront
-from .._frontend.lease import LeaseState, check_at_least, lingers, log
+from .._frontend.lease import LeaseState, hold_limits, lingers, log
 from .._frontend.reentry import HeldBase
 from ..errors import LockLost
-from ..options import Seconds, seconds
+from ..options import Seconds
 from .driver import AsyncDriver, keep
 
 ServerSpec = str | aredis.Redis
@@ -81,8 +82,7 @@ class Lock(LockFront):
         while the block runs, the block is cancelled and :class:`~fencelock.LockLost` raised.
         ``at_least``: see :meth:`fencelock.Lock.hold` (the release then runs in a task of
         its own, kept until done)."""
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
-        least = check_at_least(at_least, cap)
+        cap, least = hold_limits(max_hold, at_least)
         return _Hold(lambda: self.acquire(wait), renew, cap, on_lost, least)
 
     async def __aenter__(self) -> Lease:
@@ -269,32 +269,25 @@ async def _renew(ref: weakref.ref[Lease], first_at: float) -> None:
         del lease
 
 
+@dataclass(eq=False)
 class _Hold:
     """The ``async with lock.hold(...)`` context: cancel-scope semantics on loss."""
 
-    def __init__(
-        self,
-        acquire: Callable[[], Awaitable[Lease]],
-        renew: bool,
-        max_hold: float | None,
-        on_lost: LostCallback | None,
-        at_least: float | None = None,
-    ) -> None:
-        self._at_least = at_least
-        self._acquire = acquire
-        self._renew = renew
-        self._max_hold = max_hold
-        self._on_lost = on_lost
-        self._lease: Lease | None = None
+    acquire: Callable[[], Awaitable[Lease]]
+    renew: bool
+    max_hold: float | None
+    on_lost: LostCallback | None
+    at_least: float | None = None
+    lease: Lease | None = field(default=None, init=False)
 
     async def __aenter__(self) -> Lease:
-        lease = await self._acquire()
-        self._lease = lease
-        if self._on_lost is not None:
-            lease.on_lost(self._on_lost)
+        lease = await self.acquire()
+        self.lease = lease
+        if self.on_lost is not None:
+            lease.on_lost(self.on_lost)
         lease._body = asyncio.current_task()
-        if self._renew:
-            lease.keep_alive(max_hold=self._max_hold)
+        if self.renew:
+            lease.keep_alive(max_hold=self.max_hold)
         else:
             lease._watch_deadline()
         return lease
@@ -305,14 +298,14 @@ class _Hold:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        lease = self._lease
+        lease = self.lease
         assert lease is not None
         lease._body = None
         ours = lease._cancelled_body
         task = asyncio.current_task()
         if ours and task is not None and hasattr(task, "uncancel"):
             task.uncancel()
-        if not lease._is_lost and lingers(exc_type) and lease._linger(self._at_least):
+        if not lease._is_lost and lingers(exc_type) and lease._linger(self.at_least):
             return False
         if exc_type is not None and not (ours and exc_type is asyncio.CancelledError):
             await lease._release_quietly()

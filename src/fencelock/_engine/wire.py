@@ -98,6 +98,16 @@ def wait_tail(wait: Wait | None) -> tuple[bytes, int]:
     return command("WAIT", wait.replicas, wait.timeout_ms) + _ROLE, 3
 
 
+def wake_call(key: str, claim: str | None, delay_s: float) -> bytes:
+    """The blocking read a :class:`~fencelock._core.effects.Pause` waits on for a release's
+    wake-up, for at most ``delay_s``: ``BLPOP`` of the wake list ``key``, or with ``claim``
+    ``BLMOVE`` of its element to that list (a waiter claiming a grant handed over to it)."""
+    timeout = f"{delay_s:.3f}"
+    if claim is None:
+        return command("BLPOP", key, timeout)
+    return command("BLMOVE", key, claim, "LEFT", "RIGHT", timeout)
+
+
 def answer(replies: list[object]) -> object:
     """The vote material of a script call's replies: the bare reply, or with a trailing
     ``WAIT`` both as a :class:`Replicated`."""

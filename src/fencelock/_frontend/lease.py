@@ -50,6 +50,21 @@ class _Flag(Protocol):
     def clear(self) -> None: ...
 
 
+def check_max_hold(max_hold: Seconds | None) -> float | None:
+    """``max_hold`` of ``hold()`` / ``keep_alive()`` in seconds (None: no cap); ConfigError
+    for a bad value."""
+    return None if max_hold is None else seconds(max_hold, "max_hold")
+
+
+def hold_limits(
+    max_hold: Seconds | None, at_least: Seconds | None
+) -> tuple[float | None, float | None]:
+    """``hold()``'s ``max_hold`` and ``at_least`` in seconds, checked together before any
+    I/O (see :func:`check_max_hold`, :func:`check_at_least`)."""
+    cap = check_max_hold(max_hold)
+    return cap, check_at_least(at_least, cap)
+
+
 def check_at_least(at_least: Seconds | None, max_hold: float | None) -> float | None:
     """``hold(at_least=...)`` in seconds (None: release when the block ends); ConfigError for
     a negative, NaN or infinite value, or one beyond ``max_hold`` (it could not be kept)."""
@@ -282,7 +297,7 @@ class LeaseState:
         every_s = options.renew_every if every is None else seconds(every, "every")
         if every_s >= options.ttl:
             raise ConfigError(f"every ({every_s} s) must be shorter than ttl ({options.ttl} s)")
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        cap = check_max_hold(max_hold)
         self.ensure_valid()
         self._every_s = every_s
         self._stop_at = None if cap is None else self.acquired_at + cap

@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Final
 
 from .._engine.address import Address
-from .._engine.handshake import Identity, prelude, split_prelude
+from .._engine.handshake import prelude, split_prelude
+from .._engine.link import LinkState
 from .._engine.resp import Parser, ProtocolError
 
 __all__ = ["Connection"]
@@ -76,7 +77,7 @@ def _readable_now(fd: int) -> bool:
     return bool(readable)
 
 
-class Connection:
+class Connection(LinkState):
     """Non-blocking connection to one server; one request at a time; never used by two threads
     at once.
 
@@ -87,12 +88,7 @@ class Connection:
     """
 
     def __init__(self, address: Address, *, identify: bool = True) -> None:
-        self.address = address
-        self.identify = identify  # the handshake asks INFO/ROLE (see handshake.prelude)
-        self.identity: Identity | None = None
-        self.last_used = 0.0
-        self.client_id: int | None = None  # CLIENT ID, asked before a claiming wait
-        self.owner_pid = os.getpid()
+        super().__init__(address, identify, os.getpid())
         self._sock: socket.socket | None = None
         self._state = _NEW
         self._out = bytearray()
@@ -103,7 +99,6 @@ class Connection:
         self._busy = False
         self._error: OSError | None = None  # a failure found in start(), raised by advance()
         self._tls_events = _WRITE
-        self._fresh = True
         self._wrote = False  # a byte of the request in flight was written to the socket
         self._plain = address.tls is None
 
@@ -111,11 +106,6 @@ class Connection:
         states = ("new", "connecting", "tls", "ready", "closed")
         busy = " busy" if self._busy else ""
         return f"<Connection {self.address.name} {states[self._state]}{busy}>"
-
-    @property
-    def fresh(self) -> bool:
-        """True until the first request completed (never used before)."""
-        return self._fresh
 
     @property
     def wrote(self) -> bool:

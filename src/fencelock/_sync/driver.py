@@ -52,6 +52,7 @@ from .._engine.wire import (
     is_noscript,
     is_readonly,
     wait_tail,
+    wake_call,
 )
 from .._scripts import Script
 from .background import Straggler, background
@@ -791,12 +792,7 @@ class Driver:
             _sleep(delay, stop)
             return None if effect.claim is not None else False
         started = time.monotonic()
-        if effect.claim is None:
-            payload = command("BLPOP", effect.wake[1], f"{delay:.3f}")
-        else:
-            payload = command(
-                "BLMOVE", effect.wake[1], effect.claim, "LEFT", "RIGHT", f"{delay:.3f}"
-            )
+        payload = wake_call(effect.wake[1], effect.claim, delay)
         try:
             if effect.claim is not None and conn.client_id is None:
                 conn.client_id = client_id(conn.call(CLIENT_ID, 1, self.timeout_s)[0])

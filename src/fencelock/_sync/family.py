@@ -13,7 +13,8 @@ from .._core.acquire import Grant
 from .._frontend.definition import UNSET
 from .._frontend.family import MultiFront, RWFront
 from .._frontend.fronts import SemaphoreFront
-from ..options import Seconds, seconds
+from .._frontend.lease import check_max_hold
+from ..options import Seconds
 from .lock import Cancel, Lease, Lock, LostCallback, Permit, holding
 
 
@@ -104,7 +105,7 @@ class MultiLock(MultiFront[Lock]):
     ) -> Iterator[tuple[Lease, ...]]:
         """``with multi.hold() as leases``: all keys held and renewed while the block runs,
         all released after; LockLost on leaving when any of them was lost."""
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
+        cap = check_max_hold(max_hold)
         leases = self.acquire(wait)
         with ExitStack() as stack:
             try:

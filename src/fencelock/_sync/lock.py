@@ -14,10 +14,10 @@ from .._core.acquire import Grant
 from .._frontend.context import pop_held, push_held
 from .._frontend.definition import UNSET, Definition
 from .._frontend.fronts import LockFront
-from .._frontend.lease import LeaseState, check_at_least, lingers, log
+from .._frontend.lease import LeaseState, hold_limits, lingers, log
 from .._frontend.reentry import HeldBase
 from ..errors import LockLost
-from ..options import Seconds, seconds
+from ..options import Seconds
 from .driver import Driver
 from .renewal import Renewal, scheduler, watch_deadline
 
@@ -113,8 +113,7 @@ class Lock(LockFront):
         elsewhere too soon (a host whose clock is behind, say). An interruption
         (KeyboardInterrupt, SystemExit) releases at once.
         """
-        cap = None if max_hold is None else seconds(max_hold, "max_hold")
-        least = check_at_least(at_least, cap)
+        cap, least = hold_limits(max_hold, at_least)
         lease = self.acquire(wait)
         with holding(lease, renew, cap, on_lost, least):
             yield lease
