@@ -94,3 +94,37 @@ def test_every_fork_hook_of_the_library_runs_in_a_simulated_child() -> None:
         for path in (ROOT / "src" / "fencelock").rglob("*.py")
         if ".".join(path.relative_to(ROOT / "src").with_suffix("").parts) not in registering
     )
+
+
+def test_a_fork_violation_shrinks_to_the_fork_and_replays(tmp_path: Path) -> None:
+    """The mutant's seed 2 shrinks to its one fork (the reset and the other fork left out);
+    the printed command (with ``--fork``) replays the shrunk schedule, which fails the same way
+    on the mutant and runs clean unmutated; the timeline marks the fork on both lanes."""
+    mutant = next(m for m in MUTANTS if m.name == "fork-renewals-re-armed")
+    src = _copy_source(tmp_path)
+    apply(mutant, src)
+    env = _env()
+    env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
+    html = tmp_path / "2.html"
+    args = ["--replay", "2", "--fork", "--shrink", "--shrink-runs", "60", "--html", str(html)]
+    run = subprocess.run(
+        [*SIMULATE, *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+    )
+    assert run.returncode == 1, run.stdout[-3000:]
+    last = run.stdout.splitlines()[-2]
+    found = re.match(
+        r"shrunk seed 2 \(no_foreign_lease_use\): faults 3 -> 1, .*; replay: "
+        r"python tools/simulate.py (--replay 2 --fork --plan \S+)$",
+        last,
+    )
+    assert found, last
+    replay = found.group(1).split()
+    again = subprocess.run(
+        [*SIMULATE, *replay], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+    )
+    assert again.returncode == 1 and "VIOLATION no_foreign_lease_use" in again.stdout
+    assert again.stdout.splitlines()[0].endswith("#2 fork_client at 2.6742")
+    clean = _replay(*replay[1:])
+    assert clean.returncode == 0 and "VIOLATION" not in clean.stdout, clean.stdout[-2000:]
+    page = html.read_text()
+    assert "fork client process c0 -&gt; c0f0" in page or "fork client process c0 -> c0f0" in page

@@ -206,6 +206,7 @@ class Forks:
         self._owner: dict[bytes, Grant] = {}
         self._grants_seen = 0
         self._session: Any = None
+        self._reported: set[tuple[int, str, str, str]] = set()
 
     # -- per-process pid and lease set ---------------------------------------------------------
 
@@ -288,9 +289,13 @@ class Forks:
         owner = grant.client.split("/", 1)[0]
         if process is None or process == owner:
             return
+        seen = (index, process, grant.token, script)
+        if seen in self._reported:
+            return  # (once per server, process, lease and script)
+        self._reported.add(seen)
         text = (
             f"sim{index}: {process} ran {script} with {grant.client}'s token "
-            f"({grant.key}, fence {grant.fence}) at {world.clock.now - 1000:.4f}"
+            f"({grant.key}, fence {grant.fence}), first at {world.clock.now - 1000:.4f}"
         )
         world.history.foreign.append(text)
         world.note(f"foreign lease use: {text}")
