@@ -85,12 +85,19 @@ def config_for(seed: int) -> Config:
     cancel = random.Random(seed * 7919 + 3)
     if cancel.random() < CANCEL_SHARE:
         config.cancels = cancel.randint(1, 3)
+    fork = random.Random(seed * 7919 + 4)
+    if fork.random() < FORK_SHARE:
+        config.forks = fork.randint(1, 2)
     return config
 
 
 #: The share of schedules with "cancel_task" faults (1-3 client tasks cancelled at seeded
 #: moments; a draw of its own, so the other schedules stay as they were)
 CANCEL_SHARE = 0.3
+
+#: The share of schedules with "fork_client" faults (1-2 client processes fork at seeded
+#: moments, tools/sim/fork.py; a draw of its own, so the other schedules stay as they were)
+FORK_SHARE = 0.3
 
 
 #: A search collects the garbage before every this many schedules (a full collection per
@@ -106,6 +113,10 @@ EXTEND_WHILE_RENEWING = [True]
 #: --cancel leaves a ghost key (docs/testing.md)
 CANCEL = [False]
 
+#: --fork: the "fork_client" faults of FORK_SHARE of the schedules; off by default (so CI's
+#: draw and the mutants' catching seeds stay as they were; the fork mutant runs with it)
+FORK = [False]
+
 
 def base_config(seed: int) -> Config:
     """Schedule ``seed``'s configuration as a search runs it (the command's flags applied)."""
@@ -113,6 +124,8 @@ def base_config(seed: int) -> Config:
     config.extend_while_renewing = EXTEND_WHILE_RENEWING[0]
     if not CANCEL[0]:
         config.cancels = 0
+    if not FORK[0]:
+        config.forks = 0
     return config
 
 
@@ -164,7 +177,8 @@ def shrink_seed(
 
 def replay_command(seed: int, plan: Plan) -> str:
     text = plan.text()
-    return f"python tools/simulate.py --replay {seed}" + (f" --plan {text}" if text else "")
+    flags = " --fork" if FORK[0] else ""
+    return f"python tools/simulate.py --replay {seed}{flags}" + (f" --plan {text}" if text else "")
 
 
 def search(
@@ -232,6 +246,27 @@ def search(
         "violations": found,
         "mutants": [],
     }
+
+
+def clean_with(
+    flags: tuple[str, ...],
+    seconds: float,
+    first: int,
+    most: int | None,
+    shrink_runs: int,
+    shrink_seconds: float,
+) -> dict[str, Any]:
+    """The unmutated code's search with ``flags`` (``--fork``, ``--cancel``) on, as a mutant
+    that takes them runs: ``{"args", "schedules", "seeds", "faults", "violations"}``."""
+    saved = CANCEL[0], FORK[0]
+    CANCEL[0] = CANCEL[0] or "--cancel" in flags
+    FORK[0] = FORK[0] or "--fork" in flags
+    try:
+        found = search(seconds, first, most, shrink_runs=shrink_runs, shrink_seconds=shrink_seconds)
+    finally:
+        CANCEL[0], FORK[0] = saved
+    keep = ("schedules", "seeds", "faults", "violations")
+    return {"args": list(flags), **{name: found[name] for name in keep}}
 
 
 def shrunk_fields(seed: int, result: ShrinkResult) -> dict[str, Any]:
@@ -380,6 +415,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cancel client tasks at seeded moments in some schedules (default: off)",
     )
     parser.add_argument(
+        "--fork",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="fork client processes at seeded moments in some schedules (default: off)",
+    )
+    parser.add_argument(
         "--pending",
         action="store_true",
         help="with --mutants: also the mutants not caught yet (their misses do not fail)",
@@ -390,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     EXTEND_WHILE_RENEWING[0] = args.extend_while_renewing
     CANCEL[0] = args.cancel
+    FORK[0] = args.fork
     import logging
 
     # the library's warnings (a lease at risk, lost) are the faults doing their work: the
@@ -419,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         from tools.sim.mutants import MUTANTS, PENDING
 
         chosen = MUTANTS + PENDING if args.pending else MUTANTS
+        # ... and with the flags some mutants' runs take (a fault kind off by default)
+        report["clean_with"] = [
+            clean_with(flags, args.seconds, first, args.max_schedules, shrink_runs, shrink_seconds)
+            for flags in sorted({m.args for m in chosen if m.args})
+        ]
         report["mutants"] = run_mutants(args.seconds, first, chosen, most=args.max_schedules)
         pending = {m.name for m in PENDING}
         missed = [m for m in report["mutants"] if not m["caught"] and m["name"] not in pending]
@@ -436,7 +483,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             for v in report["violations"]:
                 print(f"VIOLATION (unmutated) seed {v['seed']} {v['property']}: {v['trace'][0]}")
-        return 1 if missed or report["violations"] else 0
+            for extra in report["clean_with"]:
+                print(
+                    f"unmutated with {' '.join(extra['args'])}: {extra['schedules']} schedules, "
+                    f"{len(extra['violations'])} violations"
+                )
+                for v in extra["violations"]:
+                    print(
+                        f"VIOLATION (unmutated, {' '.join(extra['args'])}) seed {v['seed']} "
+                        f"{v['property']}: {v['trace'][0]}"
+                    )
+        unclean = any(extra["violations"] for extra in report["clean_with"])
+        return 1 if missed or report["violations"] or unclean else 0
     report = search(
         args.seconds,
         first,

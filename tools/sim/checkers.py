@@ -21,6 +21,8 @@ short texts (empty: the property holds). Each has a known-bad-history unit test
   orders them together: one fence register).
 - ``one_leader_per_term``: an election's terms: none granted twice, growing in grant order,
   never two valid at once (left out of ``mutual_exclusion`` and ``fence_order``).
+- ``no_foreign_lease_use``: no script run with a grant's token by another process (a forked
+  child's inherited lease is its parent's).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ PROPERTIES = (
     "permit_when_free",
     "rw_exclusion",
     "one_leader_per_term",
+    "no_foreign_lease_use",
 )
 
 #: A refused permit counts as a liveness failure only when no fault touched the servers or
@@ -352,6 +355,14 @@ def no_unexpected_error(history: History) -> list[str]:
     return list(history.errors)
 
 
+def no_foreign_lease_use(history: History) -> list[str]:
+    """No process runs a lease's script (a renewal, an extend, a release) with a token that
+    another process was granted: a forked child's inherited lease is its parent's, never
+    renewed, extended or released there (DESIGN.md "Fork-safe"; recorded by the servers in
+    schedules with forks, tools/sim/fork.py)."""
+    return list(history.foreign)
+
+
 CHECKS = {
     "mutual_exclusion": mutual_exclusion,
     "fence_order": fence_order,
@@ -365,6 +376,7 @@ CHECKS = {
     "permit_when_free": permit_when_free,
     "rw_exclusion": rw_exclusion,
     "one_leader_per_term": one_leader_per_term,
+    "no_foreign_lease_use": no_foreign_lease_use,
 }
 
 

@@ -39,6 +39,10 @@ class Mutant:
     find: str
     replace: str
     also: tuple[tuple[str, str], ...] = ()  # more (find, replace) in the same file
+    # simulate.py flags its runs need (a fault kind off by default: "--fork"); the unmutated
+    # code runs clean with them too (``--mutants``)
+    args: tuple[str, ...] = ()
+
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -140,6 +144,28 @@ MUTANTS: tuple[Mutant, ...] = (
         find="SPLIT_ROUNDS = 2\n",
         replace="SPLIT_ROUNDS = 0\n",
     ),
+    Mutant(
+        name="fork-renewals-re-armed",
+        description=(
+            "an inherited lease is not lost in a forked child (issue 21 item 3, F28: before, "
+            "the child renewed it): the child's renewals (keep_alive), extends and release "
+            "of its parent's lease reach the servers, keeping a dead parent's lock alive or "
+            "freeing a live parent's lock under it"
+        ),
+        file="_frontend/lease.py",
+        find=(
+            "        if self._released or self._is_lost:\n"
+            "            return\n"
+            "        self.lost_reason = FORK_REASON\n"
+        ),
+        replace=(
+            "        self._inherited = False  # the child's as much as the parent's\n"
+            "        if True:\n"
+            "            return\n"
+            "        self.lost_reason = FORK_REASON\n"
+        ),
+        args=("--fork",),
+    ),
 )
 
 
@@ -185,8 +211,10 @@ def run_source(
     *,
     timeout_s: float | None = None,
     most: int | None = None,
+    args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run the simulation on the fencelock package under ``src`` and return its JSON report.
+    """Run the simulation on the fencelock package under ``src`` and return its JSON report
+    (``args``: more flags of simulate.py).
 
     Raises:
         MutantError: the copy would not be the code imported, or the run gave no JSON report.
@@ -215,6 +243,7 @@ def run_source(
             "--shrink-runs",  # the check needs the seed only: its budget is not spent shrinking
             "0",
             *(["--max-schedules", str(most)] if most is not None else []),
+            *args,
         ],
         env=env,
         cwd=ROOT,
@@ -265,15 +294,17 @@ def run_mutants(
         with tempfile.TemporaryDirectory(prefix=f"fencelock-mutant-{mutant.name}-") as tmp:
             src = _copy_source(Path(tmp))
             apply(mutant, src)
-            report = run_source(src, budget_s_per_mutant, seed, most=most)
+            report = run_source(src, budget_s_per_mutant, seed, most=most, args=mutant.args)
             results.append(verdict(mutant.name, seed, report))
     return results
 
 
-def run_clean(budget_s: float, seed: int, most: int | None = None) -> dict[str, Any]:
+def run_clean(
+    budget_s: float, seed: int, most: int | None = None, args: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The unmutated code on a copy, for the same budget (it must find nothing)."""
     with tempfile.TemporaryDirectory(prefix="fencelock-clean-") as tmp:
-        return run_source(_copy_source(Path(tmp)), budget_s, seed, most=most)
+        return run_source(_copy_source(Path(tmp)), budget_s, seed, most=most, args=args)
 
 
 if __name__ == "__main__":  # python -m tools.sim.mutants SECONDS SEED

@@ -39,6 +39,7 @@ COLOURS = {
     "restart": "#2e7d32",
     "kill": "#b71c1c",
     "repeat": "#9e9e9e",
+    "fork": "#6a1b9a",
 }
 LABELS = {
     "crash": "crash (data kept)",
@@ -49,6 +50,7 @@ LABELS = {
     "script": "SCRIPT FLUSH",
     "kill": "client process killed",
     "repeat": "background repeat of a release",
+    "fork": "client process forked (on the parent's and the child's lanes)",
 }
 KEY_COLOURS = ("#42a5f5", "#26a69a", "#7e57c2", "#8d6e63", "#5c6bc0", "#66bb6a")
 
@@ -105,6 +107,9 @@ def marks_of(trace: Sequence[str]) -> list[Mark]:
                 marks.append(Mark(hit.group(1), "pause", t, t + float(hit.group(2)), text))
             elif hit := re.match(r"^kill client process (\S+)", text):
                 marks.append(Mark(hit.group(1), "kill", t, None, text))
+            elif hit := re.match(r"^fork client process (\S+) -> (\S+)", text):
+                marks.append(Mark(hit.group(1), "fork", t, None, text))
+                marks.append(Mark(hit.group(2), "fork", t, None, text))
     return marks
 
 

@@ -16,8 +16,9 @@ import fencelock.asyncio as fl
 from fencelock import LockLost, NotAcquired, Unavailable
 
 from .checkers import LIVENESS_QUIET_S
+from .fork import Inherited, plan_forks
 from .loop import SimLoop
-from .world import DRIFT_FACTOR, MIN_EXTEND, Grant, World
+from .world import DRIFT_FACTOR, MIN_EXTEND, Grant, World, _close_loop
 
 PRIMITIVES = ("lock", "semaphore", "multilock", "rwlock", "election", "fair")
 
@@ -31,6 +32,7 @@ def lock_workload(world: World) -> None:
     world.plan_faults(start + 0.05, start + cfg.duration * 0.8)
     world.plan_cancels(start + 0.05, start + cfg.duration * 0.5)
     finished: list[int] = [0]
+    processes = [cfg.clients]  # client processes whose jobs the workload waits for
 
     def job(client: str, number: int) -> Callable[[], object]:
         async def body() -> None:
@@ -287,11 +289,34 @@ def lock_workload(world: World) -> None:
 
         next_job(0)
 
+    def forked(child: str, inherited: list[Inherited]) -> None:
+        """A forked child (tools/sim/fork.py): one job on a new loop, acting on the leases it
+        inherited besides one task of its own."""
+        processes[0] += 1
+        forks = world.forks
+        loop = SimLoop(world.clock, world.connect, f"{child}/j0")
+        world.add_loop(loop)
+
+        async def body() -> None:
+            await asyncio.gather(
+                *(forks.use(child, item, cfg.ttl) for item in inherited), task(child, 0, 0)
+            )
+
+        def done(fut: asyncio.Task[object]) -> None:
+            if not fut.cancelled() and fut.exception() is not None:
+                exc = fut.exception()
+                world.history.errors.append(f"{child}/j0: {type(exc).__name__}: {exc}")
+            finished[0] += 1
+            world.at(world.clock.now, lambda: _close_loop(loop))
+
+        loop.create_task(body()).add_done_callback(done)  # type: ignore[arg-type]
+
+    plan_forks(world, start + 0.05, start + cfg.duration * 0.5, forked)
     for c in range(cfg.clients):
         run_jobs(f"c{c}")
     world.watching = True
     world.at(world.clock.now, world.watch_keys)
-    world.run_until(lambda: finished[0] >= cfg.clients, start + cfg.duration * 4)
+    world.run_until(lambda: finished[0] >= processes[0], start + cfg.duration * 4)
     world.workload_over = True
 
     # every fault heals; then each key must be acquirable within a bound (no ghost key)

@@ -117,6 +117,9 @@ class History:
     # cancellations the "cancel_task" fault made: (true time, task, what it was doing, the
     # innermost frame of the await it was at)
     cancels: list[tuple[float, str, str, str]] = field(default_factory=list)
+    # script calls made with a grant's token by a process other than the grant's (a forked
+    # child's use of an inherited lease: tools/sim/fork.py)
+    foreign: list[str] = field(default_factory=list)
 
     def quiet(self, since: float, until: float) -> bool:
         """No fault window meets [since, until]."""
@@ -238,6 +241,9 @@ class Config:
     # after the others (their indices in the plan follow fault_count's) from a random stream
     # of their own: a schedule without them is the schedule it was before them
     cancels: int = 0
+    # "fork_client" faults (a client process forks: tools/sim/fork.py), planned after the
+    # cancellations from a random stream of their own
+    forks: int = 0
 
 
 #: The engine's process-wide state (module globals): each client process of the world has its
@@ -327,6 +333,11 @@ class World:
         # "cancel_task": when, and which task, from a stream of its own (not self.rng)
         self.cancel_rng = random.Random(seed * 7919 + 13)
         self.workload_over = False  # every client process ran its jobs
+        # called as hook(old, new) when the engine state changes process (tools/sim/fork.py),
+        # and at the end of the schedule (undo what was patched for it)
+        self.on_switch: list[Callable[[str, str], None]] = []
+        self.cleanups: list[Callable[[], None]] = []
+        self.forks: Any = None  # the schedule's fork fault (tools/sim/fork.py), if any
 
     # -- clocks and events ------------------------------------------------------------------
 
@@ -342,7 +353,9 @@ class World:
         state = self._states.get(process)
         for i, (module, attr) in enumerate(slots):
             setattr(module, attr, state[i] if state is not None else type(getattr(module, attr))())
-        self.process = process
+        old, self.process = self.process, process
+        for hook in self.on_switch:
+            hook(old, process)
 
     def add_loop(self, loop: SimLoop) -> None:
         loop.enter = self.enter
@@ -973,6 +986,8 @@ def run_schedule(
         ]
     finally:
         world.switch("")  # the host's own engine state back in the modules
+        for undo in reversed(world.cleanups):
+            undo()
         driver.background = saved_background  # type: ignore[assignment]
         secrets.token_hex = saved_hex  # type: ignore[assignment]
         random.setstate(state)
