@@ -255,12 +255,13 @@ def grant_attempt(
 
 def give_up(grant_round: Broadcast) -> None:
     """The attempt failed (or was interrupted): its round's stragglers must not take effect
-    from now on. A straggler that answers NOSCRIPT is then not sent the script in full: that
-    re-send would go out after the cleanup's release (which was sent after the acquire, on the
-    same connection, and answered "not ours" there), land the grant, and leave the key held by
-    nobody until its TTL (simulation seed 50987). A re-send made before this is on its way
-    before the release; a straggler the round still collects is re-sent in full as before
-    (its vote is heard, and released)."""
+    from now on. A straggler that answers NOSCRIPT once its round is parked is then not sent
+    the script in full: that re-send would go out after the cleanup's release had answered
+    "not ours" there (the asyncio front end sends the release right behind the acquire, on the
+    same connection), land the grant, and leave the key held by nobody until its TTL
+    (simulation seed 50987). A re-send made before this is on its way before the release; a
+    straggler the round still collects (a ``Settle``) is re-sent in full as before: its vote
+    is heard, and released."""
     grant_round.land = False
 
 
