@@ -9,7 +9,11 @@ its servers had restarted with an empty script cache; the parked round's straggl
 NOSCRIPT and sent the acquire in full after the cleanup's release (and its background
 repeat) had already run there, so the key stayed held by nobody until its TTL. Fixed: a
 failed or interrupted attempt gives its round up (``_core/acquire.py``, ``give_up``) and its
-stragglers' NOSCRIPT is no longer answered with the script (docs/testing.md)."""
+stragglers' NOSCRIPT is no longer answered with the script (docs/testing.md). Since the
+world's background repeats a release twice, as the library does (seed 51119), this seed runs
+clean without the fix too (the second repeat comes after the late grant); the fix's tests that
+fail without it are in tests/unit/test_flows.py and
+tests/faults/test_abandoned_noscript_straggler.py."""
 
 from __future__ import annotations
 
