@@ -103,3 +103,67 @@ def test_a_mutant_is_caught_where_the_unmutated_code_runs_clean(tmp_path: Path) 
     caught_at = report["violations"][0]["seed"]
     clean = run_clean(120.0, 1, most=caught_at)
     assert clean["violations"] == [] and clean["schedules"] == caught_at
+
+
+# The mutant check with its mutants stubbed out (each would be a simulation of its own): what
+# the unmutated run's seeds and flags are. A fresh process per run (the command's own).
+_STUBBED = """
+import sys
+sys.argv[0] = "simulate.py"
+import tools.sim.mutants as mutants
+import tools.simulate as simulate
+seen = []
+def stub(budget_s, seed, chosen, most=None):
+    seen.append(seed)
+    return []
+mutants.run_mutants = stub
+code = simulate.main(sys.argv[1:])
+print("MUTANT_SEEDS", seen)
+sys.exit(code)
+"""
+
+
+def _stubbed_check(*flags: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    return subprocess.run(
+        [sys.executable, "-c", _STUBBED, "--mutants", "--seed", "1", "--max-schedules", "2",
+         "--seconds", "60", "--shrink-runs", "0", *flags],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_clean_run_draws_fresh_seeds_and_says_them_the_mutants_keep_theirs() -> None:
+    import json
+
+    runs = [_stubbed_check("--clean-seed", "random", "--cancel", "--json") for _ in range(2)]
+    firsts = []
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        report = json.loads(run.stdout.splitlines()[0])
+        assert report["schedules"] == 2
+        first = report["seeds"][0]
+        firsts.append(first)
+        assert first >= 100_000  # above the seeds the docs and tests name
+        # said before the run (a run that does not finish is replayable too), with its flags
+        assert f"unmutated: seeds from {first} with --cancel" in run.stderr
+        assert "--replay SEED --cancel" in run.stderr
+        assert "MUTANT_SEEDS [1]" in run.stdout  # the mutants keep --seed
+    assert firsts[0] != firsts[1]
+
+
+def test_the_clean_seed_can_be_given_and_defaults_to_the_seed() -> None:
+    import json
+
+    given = _stubbed_check("--clean-seed", "50987", "--json")
+    assert json.loads(given.stdout.splitlines()[0])["seeds"] == [50987, 50988]
+    assert "MUTANT_SEEDS [1]" in given.stdout
+    default = _stubbed_check("--json")
+    assert json.loads(default.stdout.splitlines()[0])["seeds"] == [1, 2]
+    assert "with --cancel" not in default.stderr
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "simulate.py"), "--clean-seed", "random"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--clean-seed goes with --mutants" in refused.stderr

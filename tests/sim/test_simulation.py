@@ -81,13 +81,29 @@ def test_a_seed_replays_byte_for_byte() -> None:
     assert "steps" in runs[0].stdout and runs[0].stdout.count("\n") > 10
 
 
-@pytest.mark.parametrize("seed", [144, 456, 807])
+@pytest.mark.parametrize("seed", [144, 456, 807, 51119])
 def test_a_seed_that_found_a_ghost_key_runs_clean(seed: int) -> None:
     run = subprocess.run(
         [*SIMULATE, "--replay", str(seed), "--no-cancel"],  # (the schedule that found it)
         capture_output=True, text=True, timeout=120, env=_env(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+
+
+def test_the_background_repeats_a_release_once_more_as_the_real_thread_does() -> None:
+    """Seed 51119: a failed attempt's acquire on sim2 was delayed behind a delay spike on its
+    connection (then closed, its release behind it lost); the world's background repeated the
+    release once, 19.5 ms before the acquire landed, where the real thread (``_LateBatch``)
+    sends it once more LATE_AGAIN_S (50 ms) after the first answer: that second one is the
+    library's, and the key is released."""
+    run = subprocess.run(
+        [*SIMULATE, "--replay", "51119", "--no-cancel"],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    lines = run.stdout.splitlines()
+    first = lines.index("   1.7959 background repeat of release on sim2")
+    assert "   1.8459 background repeat of release on sim2" in lines[first:]
     assert "VIOLATION" not in run.stdout
 
 

@@ -358,6 +358,69 @@ def test_an_interrupt_during_the_cleanup_release_leaves_it_to_the_background() -
         flow.send(None)
 
 
+def _grant_round_land_seen(flow: Flow[Any], seen: list[tuple[Any, bool]]) -> Flow[Any]:
+    """``flow``, recording each effect it yields with its grant round's ``land`` then (what a
+    driver would read if a straggler of that round answered NOSCRIPT at that moment)."""
+    grant_round: Broadcast | None = None
+    answer: Any = None
+    while True:
+        try:
+            effect = flow.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        if grant_round is None and isinstance(effect, Broadcast):
+            grant_round = effect
+        seen.append((effect, grant_round is not None and grant_round.land))
+        answer = yield effect
+
+
+@pytest.mark.parametrize("hung", [False, True], ids=["answers", "hung"])
+def test_a_failed_attempt_gives_its_round_up_before_it_cleans_up(hung: bool) -> None:
+    # simulation seed 50987: a straggler of a failed (or interrupted) attempt that answers
+    # NOSCRIPT after the round is parked must not be sent the script in full: the cleanup's
+    # release (after the acquire on the same connection) has answered "not ours" there by
+    # then, and the late grant would stay until its TTL. The flow turns the round's ``land``
+    # off before the first effect of its cleanup (the drivers read it then)
+    plan = plan_of(3)
+    seen: list[tuple[Any, bool]] = []
+    driver = Script(
+        table(3, acquire=[GRANT, HELD, HELD]), order=(1, 2, 0), hung=frozenset({0} if hung else ())
+    )
+    assert driver.run(_grant_round_land_seen(try_acquire(plan, "tok", ""), seen)) is None
+    grant_round = driver.broadcasts("acquire")[0]
+    assert grant_round.land is False
+    cleanup = [i for i, (e, _) in enumerate(seen) if isinstance(e, Settle | Repeat) or (
+        isinstance(e, Broadcast) and e.script == "release")]  # fmt: skip
+    assert cleanup and all(not land for _, land in seen[cleanup[0] :])
+    assert (grant_round, True) in seen  # the round itself was sent to land
+
+
+def test_a_won_attempt_keeps_its_round_landing() -> None:
+    # a won round's stragglers must still land (grant_lands_everywhere)
+    driver = Script(table(3, acquire=[GRANT, GRANT, HELD]), order=(0, 1, 2))
+    assert isinstance(driver.run(try_acquire(plan_of(3), "tok", "")), Grant)
+    assert driver.stragglers and driver.broadcasts("acquire")[0].land is True
+
+
+def test_an_interrupted_attempt_gives_its_round_up_lock_and_semaphore() -> None:
+    from fencelock._core.semaphore import attempt_permit, make_semaphore_plan
+
+    plan = plan_of(3)
+    flows = [
+        attempt(plan, "tok", "", woken=False, waiter="-", patience=0),
+        attempt_permit(
+            make_semaphore_plan(plan, 2), "tok", "", woken=False, waiter="-", patience=0
+        ),
+    ]
+    for flow in flows:
+        assert isinstance(next(flow), Identify)
+        assert flow.send(()) is NOW
+        first = flow.send(100.0)
+        assert isinstance(first, Broadcast) and first.land is True
+        assert flow.throw(KeyboardInterrupt()) is SETTLE  # every call still out
+        assert first.land is False, first.script
+
+
 def run_extend(plan: LockPlan, replies: list[object], deadline: float) -> Any:
     driver = Script(table(plan.n, extend=replies))
     return driver.run(extend(plan, "tok", 2000, deadline))

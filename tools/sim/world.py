@@ -867,6 +867,7 @@ class SimBackground:
     def repeat(self, servers: tuple[Any, ...], effect: Any) -> None:
         from fencelock._engine.wire import full_call
         from fencelock._scripts import BY_NAME
+        from fencelock._sync.background import LATE_AGAIN_S
 
         world = self.world
         payload = full_call(BY_NAME[effect.script], effect.keys, effect.args)
@@ -877,6 +878,8 @@ class SimBackground:
             # (one function per server: a retry must retry its own server; a closure shared
             # by the loop below retried the last target only, and a paused server's repeat
             # was lost: seed 807's key stayed held by a failed attempt's token)
+            answered = [0]
+
             def again() -> None:
                 if world.clock.now > until or process in world.dead:
                     return
@@ -889,6 +892,12 @@ class SimBackground:
                     session.take_output()
                     session.close()
                     world.note(f"background repeat of {effect.script} on sim{i}")
+                    # as the real thread (_sync/background.py, _LateBatch): sent once more
+                    # LATE_AGAIN_S after its first answer (seed 51119: a straggler's SET
+                    # that a single repeat did not outlast)
+                    answered[0] += 1
+                    if answered[0] < 2:
+                        world.at(world.clock.now + LATE_AGAIN_S, again)
                     return
                 world.at(world.clock.now + self.PROBE_EVERY_S, again)
 

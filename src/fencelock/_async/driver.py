@@ -260,7 +260,9 @@ class _Round:
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.open: dict[_Call, None] = {}  # insertion-ordered
-        self.collecting = True  # False once parked: a late NOSCRIPT runs only if effect.land
+        # False once parked: a late NOSCRIPT runs in full only if effect.land (then, not at
+        # parking time: a flow turns it off when it gives the round up)
+        self.collecting = True
         self.stop = effect.stop
         self.waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None

@@ -8,7 +8,8 @@ Rules of an attempt:
   for the round's stragglers (a fraction of the budget at the most, not for a hung server):
   at once where the call ended, from the background where it is still out (once its server
   answers, and once more: it cannot be overtaken for good by the straggler's SET), and again
-  in the background where the release got no answer;
+  in the background where the release got no answer; a straggler of the failed round that
+  answers NOSCRIPT once the round is parked is not sent the script in full (:func:`give_up`);
 - the same server named twice, or a replica, is a :class:`~fencelock.ConfigError` as soon as
   the servers' identities are known (the grant is released first);
 - with ``replicas=k`` (``plan.wait``), a server's grant and fence commit count only once
@@ -191,18 +192,19 @@ def grant_attempt(
     drift = plan.drift_ms(plan.ttl_ms)
     undo = plan if cleanup is None else cleanup
     slot = 0
+    grant_round = Broadcast(
+        plan.wiring.acquire,
+        plan.everyone,
+        plan.acquire_keys,
+        args,
+        with_wait(plan, classify),
+        ballot.settled,
+        plan.budget_s,
+        heard,
+        wait=plan.wait,
+    )
     try:
-        yield Broadcast(
-            plan.wiring.acquire,
-            plan.everyone,
-            plan.acquire_keys,
-            args,
-            with_wait(plan, classify),
-            ballot.settled,
-            plan.budget_s,
-            heard,
-            wait=plan.wait,
-        )
+        yield grant_round
         if plan.restart_delay:
             tally = yield from _discount_restarted(plan, heard, ballot)
         slot, view = ballot.choose(tally)
@@ -226,6 +228,7 @@ def grant_attempt(
         # interrupted (a cancellation, a KeyboardInterrupt) or refused (ConfigError): the
         # cleanup is done before the exception goes on, within the round's budget, so that a
         # caller who goes on at once (a new acquire) finds what this attempt took released
+        give_up(grant_round)
         yield from clean_up(undo, token, heard, None)
         raise
     if decision.status is Status.GRANTED:
@@ -244,9 +247,22 @@ def grant_attempt(
     if decision.status is Status.GRANTED:
         deadline = start + (plan.ttl_ms - drift) / 1000.0
         return Attempt(Grant(token, decision.fence, start, deadline, slot), decision, view, heard)
+    give_up(grant_round)
     grace = straggler_grace_s(now - start, plan.budget_s)
     yield from clean_up(undo, token, tally, grace)
     return Attempt(None, decision, view, heard)
+
+
+def give_up(grant_round: Broadcast) -> None:
+    """The attempt failed (or was interrupted): its round's stragglers must not take effect
+    from now on. A straggler that answers NOSCRIPT once its round is parked is then not sent
+    the script in full: that re-send would go out after the cleanup's release had answered
+    "not ours" there (the asyncio front end sends the release right behind the acquire, on the
+    same connection), land the grant, and leave the key held by nobody until its TTL
+    (simulation seed 50987). A re-send made before this is on its way before the release; a
+    straggler the round still collects (a ``Settle``) is re-sent in full as before: its vote
+    is heard, and released."""
+    grant_round.land = False
 
 
 def _discount_restarted(plan: LockPlan, tally: Tally, ballot: Ballot) -> Flow[Tally]:

@@ -94,7 +94,7 @@ class Replicated:
 
 # Not frozen, unlike the other effects: a flow builds two or three per acquire and release,
 # and a frozen dataclass's __init__ costs about five times a plain one's. Nothing changes a
-# Broadcast once it is yielded.
+# Broadcast once it is yielded, but for its ``land`` (see below).
 @dataclass(slots=True)
 class Broadcast:
     """Run ``script`` (a name from ``fencelock._scripts``) on ``targets`` (server indexes).
@@ -105,7 +105,10 @@ class Broadcast:
     - ``tally``: where the votes go (the flow may pre-record servers it does not target);
     - ``land``: a straggler that answers NOSCRIPT after the round ended runs the script in full
       anyway (a grant must land on every live server); False for rounds whose stragglers must
-      not take effect late;
+      not take effect late. The one field a flow may change after the yield: it turns ``land``
+      off once it gives the round up (a failed or interrupted attempt, whose cleanup releases
+      what landed), and the drivers read it when the NOSCRIPT comes, not when they park the
+      round;
     - ``wait``: each call is followed by this ``WAIT`` in the same pipeline, and ``classify``
       gets a :class:`Replicated` (reply and acknowledgements) instead of the bare reply.
     """

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.effects import Repeat
+from .._core.effects import Broadcast, Repeat
 from .._engine.cluster import ASKING, busy_slot
 from .._engine.registry import PerProcess, sweep_idle
 from .._engine.server import LateCall, Server
@@ -80,8 +80,9 @@ class Straggler:
     script: str
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
-    #: a NOSCRIPT is answered with the full script (the round's grant must land everywhere)
-    land: bool
+    #: the round: a NOSCRIPT is answered with the full script while its ``land`` holds (read
+    #: when the NOSCRIPT comes: the flow turns it off once it gave the round up)
+    effect: Broadcast
     #: the WAIT sent after the script (replicas=k), or nothing
     tail: bytes = b""
     #: the replies of the call itself: the script's, then the WAIT's
@@ -104,7 +105,7 @@ class _StragglerJob(_Job):
         # the script's own reply: after a slot map request or ASKING, before a WAIT's
         if script is not None and is_noscript(replies[-call.own]):
             self.server.loaded.discard(script.sha)
-            if call.land:
+            if call.effect.land:
                 payload = full_call(script, call.keys, call.args) + call.tail
                 if call.asking:  # ASKING holds for one command only
                     self.conn.start(ASKING + payload, call.own + 1)

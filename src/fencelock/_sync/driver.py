@@ -757,7 +757,7 @@ class Driver:
                 script=effect.script,
                 keys=effect.keys,
                 args=effect.args,
-                land=effect.land,
+                effect=effect,
                 tail=call.tail,
                 own=call.own,
                 asking=call.asking,
