@@ -106,6 +106,10 @@ EXTEND_WHILE_RENEWING = [True]
 #: --cancel leaves a ghost key (docs/testing.md)
 CANCEL = [False]
 
+#: --front sync: every schedule runs the blocking front end (threads the world schedules,
+#: tools/sim/sync_front.py); its mix and interrupts come from streams of their own
+FRONT = ["asyncio"]
+
 
 def base_config(seed: int) -> Config:
     """Schedule ``seed``'s configuration as a search runs it (the command's flags applied)."""
@@ -113,6 +117,10 @@ def base_config(seed: int) -> Config:
     config.extend_while_renewing = EXTEND_WHILE_RENEWING[0]
     if not CANCEL[0]:
         config.cancels = 0
+    if FRONT[0] == "sync":
+        from tools.sim.sync_front import sync_config
+
+        sync_config(config, seed)
     return config
 
 
@@ -125,7 +133,12 @@ def one(
     config = base_config(seed)
     if plan is not None:
         apply_plan(config, plan)
-    world = run_schedule(seed, config, lock_workload, collect=collect)
+    workload = lock_workload
+    if FRONT[0] == "sync":
+        from tools.sim.sync_front import sync_workload
+
+        workload = sync_workload
+    world = run_schedule(seed, config, workload, collect=collect)
     return world, violations(world.history)
 
 
@@ -380,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cancel client tasks at seeded moments in some schedules (default: off)",
     )
     parser.add_argument(
+        "--front",
+        choices=("asyncio", "sync"),
+        default="asyncio",
+        help="the front end the clients use (sync: the blocking API on scheduled threads)",
+    )
+    parser.add_argument(
         "--pending",
         action="store_true",
         help="with --mutants: also the mutants not caught yet (their misses do not fail)",
@@ -390,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     EXTEND_WHILE_RENEWING[0] = args.extend_while_renewing
     CANCEL[0] = args.cancel
+    FRONT[0] = args.front
     import logging
 
     # the library's warnings (a lease at risk, lost) are the faults doing their work: the
@@ -419,7 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         from tools.sim.mutants import MUTANTS, PENDING
 
         chosen = MUTANTS + PENDING if args.pending else MUTANTS
-        report["mutants"] = run_mutants(args.seconds, first, chosen, most=args.max_schedules)
+        front = ("--front", "sync") if args.front == "sync" else ()
+        report["mutants"] = run_mutants(
+            args.seconds, first, chosen, most=args.max_schedules, args=front
+        )
         pending = {m.name for m in PENDING}
         missed = [m for m in report["mutants"] if not m["caught"] and m["name"] not in pending]
         if args.json:

@@ -185,8 +185,10 @@ def run_source(
     *,
     timeout_s: float | None = None,
     most: int | None = None,
+    args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Run the simulation on the fencelock package under ``src`` and return its JSON report.
+    """Run the simulation on the fencelock package under ``src`` and return its JSON report
+    (``args``: more of the command's flags, e.g. ``("--front", "sync")``).
 
     Raises:
         MutantError: the copy would not be the code imported, or the run gave no JSON report.
@@ -215,6 +217,7 @@ def run_source(
             "--shrink-runs",  # the check needs the seed only: its budget is not spent shrinking
             "0",
             *(["--max-schedules", str(most)] if most is not None else []),
+            *args,
         ],
         env=env,
         cwd=ROOT,
@@ -252,6 +255,7 @@ def run_mutants(
     seed: int,
     mutants: tuple[Mutant, ...] = MUTANTS,
     most: int | None = None,
+    args: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Each mutant on its own copy of the source, ``budget_s_per_mutant`` seconds of search from
     ``seed`` (and at most ``most`` schedules: a budget that does not depend on the machine's
@@ -265,7 +269,7 @@ def run_mutants(
         with tempfile.TemporaryDirectory(prefix=f"fencelock-mutant-{mutant.name}-") as tmp:
             src = _copy_source(Path(tmp))
             apply(mutant, src)
-            report = run_source(src, budget_s_per_mutant, seed, most=most)
+            report = run_source(src, budget_s_per_mutant, seed, most=most, args=args)
             results.append(verdict(mutant.name, seed, report))
     return results
 
