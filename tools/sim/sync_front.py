@@ -72,7 +72,7 @@ def _innermost(thread: SimThread) -> str:
     frame = sys._current_frames().get(thread._thread.ident or -1)
     while frame is not None and (
         frame.f_code.co_filename.endswith(("/tools/sim/threads.py", "/threading.py"))
-        or frame.f_code.co_name == "fl_sleep"
+        or frame.f_code.co_name in ("fl_sleep", "told", "_innermost")
     ):
         frame = frame.f_back
     if frame is None:
@@ -103,13 +103,19 @@ def plan_interrupts(world: World, hub: ThreadHub, start: float, end: float) -> N
                 world.note("interrupt: no client thread running")
             return
         thread = rng.choice(live)
-        where = _innermost(thread)
-        phase = world.phase.get(thread.name, "?")
+        # where: the blocking call it is in now, or one of its next few (a round's poll, a
+        # wait, a sleep: points in its calls rather than in time, which a long wait fills)
+        after = rng.choice((0, 0, 1, 2, 3, 5, 8))
         interrupted.add(thread.name)
-        world.interrupts.append((world.clock.now, thread.name, phase, where))  # type: ignore[attr-defined]
-        world.note(f"interrupt {thread.name} ({phase}) at {where}")
-        world._fault_until(world.clock.now)
-        thread.interrupt(KeyboardInterrupt())
+
+        def told() -> None:
+            where = _innermost(thread)
+            phase = world.phase.get(thread.name, "?")
+            world.interrupts.append((world.clock.now, thread.name, phase, where))  # type: ignore[attr-defined]
+            world.note(f"interrupt {thread.name} ({phase}) at {where}")
+            world._fault_until(world.clock.now)
+
+        thread.interrupt(KeyboardInterrupt(), after, told)
 
     for number in range(first, first + getattr(cfg, "interrupts", 0)):
         when = rng.uniform(start, end)

@@ -112,6 +112,9 @@ class SimThread:
         self.until: float | None = hub.world.clock.now
         self.blocked_in = "start"  # the primitive it waits in (for the trace)
         self.pending: BaseException | None = None  # raised where it resumes (interrupt, kill)
+        # an interrupt due at the entry of a later blocking call: (calls to let pass, what
+        # to raise, told when it is raised)
+        self.armed: tuple[int, BaseException, Callable[[], None]] | None = None
         self.killing = False
         self._thread = _RealThread(target=self._main, name=f"sim:{name}", daemon=True)
 
@@ -159,9 +162,18 @@ class SimThread:
         finally:
             hub.current = previous
 
-    def interrupt(self, exc: BaseException) -> None:
-        """Raise ``exc`` in the thread where it blocks now, when it next runs."""
-        self.pending = exc
+    def interrupt(
+        self, exc: BaseException, after: int = 0, told: Callable[[], None] | None = None
+    ) -> None:
+        """Raise ``exc`` in the thread: where it blocks now (``after`` 0), or as it enters its
+        ``after``-th blocking call from now (a signal that comes just as it blocks there);
+        ``told()`` runs in the thread just before it is raised."""
+        if after <= 0:
+            if told is not None:
+                told()
+            self.pending = exc
+        else:
+            self.armed = (after, exc, told or (lambda: None))
 
     def close(self) -> None:
         """End the thread: :class:`Killed` at each blocking call until it ends (a bounded
@@ -202,9 +214,17 @@ class SimThread:
         """Give the baton back until ``ready()`` or the true time ``until`` (None: no time
         limit); raises what :meth:`interrupt` (or the end of the schedule) delivered."""
         pending = self.pending
-        if pending is not None and not (isinstance(pending, KeyboardInterrupt) and not self.main):
+        if pending is not None:
             self.pending = None
             raise pending
+        armed = self.armed
+        if armed is not None:
+            after, exc, told = armed
+            if after <= 1:
+                self.armed = None
+                told()
+                raise exc
+            self.armed = (after - 1, exc, told)
         self.ready = ready
         self.until = until
         self.blocked_in = what
@@ -688,7 +708,9 @@ class _ThreadHandle:
     def start(self) -> None:
         hub = self._hub
         proc = hub.me().proc
-        hub.spawn(proc.name, f"{proc.name}/{self.name}", self._target)
+        name = f"{proc.name}/{self.name}"
+        hub.world.note(f"{name} thread started")
+        hub.spawn(proc.name, name, self._target)
 
 
 class SimPool:
@@ -710,7 +732,9 @@ class SimPool:
             self._threads += 1
             hub = self._hub
             proc = hub.me().proc
-            hub.spawn(proc.name, f"{proc.name}/{self._prefix}_{self._threads - 1}", self._work)
+            name = f"{proc.name}/{self._prefix}_{self._threads - 1}"
+            hub.world.note(f"{name} thread started")
+            hub.spawn(proc.name, name, self._work)
 
     def _work(self) -> None:
         hub = self._hub
