@@ -140,9 +140,7 @@ def _run(world: World, hub: ThreadHub) -> None:
         "server_timeout": cfg.server_timeout,
     }
 
-    def granted(
-        name: str, key: str, lease: fl.Lease, asked: float
-    ) -> tuple[Grant, list[float]]:
+    def granted(name: str, key: str, lease: fl.Lease, asked: float) -> tuple[Grant, list[float]]:
         grant = Grant(name, key, lease.token, lease.fence, world.clock.now, lease.deadline)
         grant.start = lease.acquired_at
         grant.asked = asked
@@ -207,24 +205,26 @@ def _run(world: World, hub: ThreadHub) -> None:
         """``with lock.hold(wait=...) as lease``: renewed by the library's timers and pool
         threads while the block runs, released when it ends."""
         state: list[Any] = []
+        in_body = [False]
         try:
             with lock.hold(wait=cfg.wait) as lease:
                 grant, lost_at = granted(name, key, lease, asked)
                 state[:] = [grant, lease, lost_at]
                 world.phase[name] = "hold"
+                in_body[0] = True
                 try:
                     fl_sleep(world.rng.uniform(0.0, cfg.hold_max + cfg.ttl / 2))
+                    in_body[0] = False
                 finally:
                     closing(grant, lease, lost_at)
                     world.phase[name] = "release"
             grant.release = "ok"
             world.note(f"{name} left the hold of {key}")
         except LockLost:
-            if state:
-                state[0].release = "LockLost"
-                world.note(f"{name} lost {key} while the block ran")
-            else:
+            if not state:
                 raise
+            state[0].release = "LockLost"
+            world.note(f"{name} lost {key} while the block ran")
         except Unavailable:
             if not state:
                 raise
@@ -232,7 +232,10 @@ def _run(world: World, hub: ThreadHub) -> None:
             world.note(f"{name} released {key}: Unavailable")
         except KeyboardInterrupt:
             if state:
-                state[0].release = "interrupted"
+                # in the block: hold() released it quietly (its outcome is not reported);
+                # in the release after it: interrupted (it must be applied all the same)
+                state[0].release = "quiet" if in_body[0] else "interrupted"
+                world.note(f"{name} release of {key} after the interrupt: {state[0].release}")
             raise
 
     def take(name: str) -> None:
@@ -291,7 +294,7 @@ def _run(world: World, hub: ThreadHub) -> None:
                 take(name)
             except KeyboardInterrupt:
                 world.note(f"{name} ended by its interrupt")
-            except Exception as exc:  # noqa: BLE001 - recorded for the checker
+            except Exception as exc:
                 world.history.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             finally:
                 world.phase.pop(name, None)

@@ -27,6 +27,7 @@ resumes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import heapq
 import itertools
@@ -203,7 +204,7 @@ class SimThread:
             self._target()
         except Killed:
             pass
-        except BaseException as exc:  # noqa: BLE001 - recorded for the workload
+        except BaseException as exc:
             self.error = exc
         finally:
             self.done = True
@@ -356,7 +357,7 @@ class SimSocket:
         return -1 if self.closed else self.fd
 
     def connect_ex(self, sockaddr: Any) -> int:
-        host, port = sockaddr
+        _host, port = sockaddr
         self.connecting = True
         self.net.connect(self, int(port))
         return errno.EINPROGRESS
@@ -459,11 +460,7 @@ class SimNet:
             if sock.closed:
                 return
             server = world.servers[index]
-            if (
-                not server.up
-                or (process.name, index) in world.cut
-                or process.name in world.dead
-            ):
+            if not server.up or (process.name, index) in world.cut or process.name in world.dead:
                 sock.error = errno.ECONNREFUSED
                 return
             conn = _Conn(len(world.conns), process, sock, index, server.connect())  # type: ignore[arg-type]
@@ -643,7 +640,7 @@ class _SelectorsModule:
     def __getattr__(self, name: str) -> Any:
         return getattr(selectors, name)
 
-    def DefaultSelector(self) -> SimSelector:  # noqa: N802 - the module's name
+    def DefaultSelector(self) -> SimSelector:
         return SimSelector(self._hub)
 
 
@@ -690,10 +687,10 @@ class _Threading:
     def __getattr__(self, name: str) -> Any:
         return getattr(threading, name)
 
-    def Condition(self) -> SimCondition:  # noqa: N802 - the module's name
+    def Condition(self) -> SimCondition:
         return SimCondition(self._hub)
 
-    def Thread(  # noqa: N802 - the module's name
+    def Thread(
         self, target: Callable[[], object], name: str = "thread", daemon: bool = True
     ) -> _ThreadHandle:
         return _ThreadHandle(self._hub, target, name)
@@ -747,10 +744,9 @@ class SimPool:
                     self._idle -= 1
                 continue
             _, action = heapq.heappop(self._queue)
-            try:
+            # as the executor: the job's future holds its error; nobody reads it
+            with contextlib.suppress(Exception):
                 action()
-            except Exception:  # as the executor: the job's future holds it; nobody reads it
-                pass
 
 
 @contextmanager
