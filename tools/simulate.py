@@ -177,7 +177,8 @@ def shrink_seed(
 
 def replay_command(seed: int, plan: Plan) -> str:
     text = plan.text()
-    return f"python tools/simulate.py --replay {seed}" + (f" --plan {text}" if text else "")
+    front = " --front sync" if FRONT[0] == "sync" else ""
+    return f"python tools/simulate.py --replay {seed}" + (f" --plan {text}" if text else "") + front
 
 
 def search(
