@@ -109,3 +109,15 @@ def test_a_shared_core_mutant_is_caught_through_the_sync_front(
     assert verdict(mutant.name, seed, report)["caught"], report
     clean = run_source(_copy_source(tmp_path / "clean"), 300.0, seed, most=1, args=SYNC)
     assert clean["violations"] == [] and clean["schedules"] == 1
+
+
+def test_a_free_permit_is_granted_while_won_rounds_late_grants_linger_seed_100427() -> None:
+    """Found by the sync front's search: three processes ask for permits (limit 3) at once;
+    two win slot 0 and slot 1 on bare majorities, and their rounds' late replies (after the
+    win) granted each of them another slot on the third server, which nobody freed. Each
+    server then had a different single free slot, and a third process was refused though a
+    permit was free (``permit_when_free``). A won permit round now hears its stragglers and
+    frees their slots (``_core/acquire.py``, ``Ballot.strays``)."""
+    run = _replay("100427", "--plan", "jobs=2,renew=0,faults=-")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
