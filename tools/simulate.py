@@ -115,6 +115,10 @@ EXTEND_WHILE_RENEWING = [True]
 #: seeds stay as they were)
 CANCEL = [False]
 
+#: --front sync: every schedule runs the blocking front end (threads the world schedules,
+#: tools/sim/sync_front.py); its mix and interrupts come from streams of their own
+FRONT = ["asyncio"]
+
 #: --fork: the "fork_client" faults of FORK_SHARE of the schedules; off by default (so CI's
 #: draw and the mutants' catching seeds stay as they were; the fork mutant runs with it)
 FORK = [False]
@@ -123,7 +127,9 @@ FORK = [False]
 def replay_flags() -> str:
     """The flags a violation's replay needs beyond its seed (the search's own)."""
     flags = "" if EXTEND_WHILE_RENEWING[0] else " --no-extend-while-renewing"
-    return flags + (" --cancel" if CANCEL[0] else "") + (" --fork" if FORK[0] else "")
+    flags += " --cancel" if CANCEL[0] else ""
+    flags += " --fork" if FORK[0] else ""
+    return flags + (" --front sync" if FRONT[0] == "sync" else "")
 
 
 def fresh_seed() -> int:
@@ -142,6 +148,10 @@ def base_config(seed: int) -> Config:
         config.cancels = 0
     if not FORK[0]:
         config.forks = 0
+    if FRONT[0] == "sync":
+        from tools.sim.sync_front import sync_config
+
+        sync_config(config, seed)
     return config
 
 
@@ -154,7 +164,12 @@ def one(
     config = base_config(seed)
     if plan is not None:
         apply_plan(config, plan)
-    world = run_schedule(seed, config, lock_workload, collect=collect)
+    workload = lock_workload
+    if FRONT[0] == "sync":
+        from tools.sim.sync_front import sync_workload
+
+        workload = sync_workload
+    world = run_schedule(seed, config, workload, collect=collect)
     return world, violations(world.history)
 
 
@@ -455,6 +470,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fork client processes at seeded moments in some schedules (default: off)",
     )
     parser.add_argument(
+        "--front",
+        choices=("asyncio", "sync"),
+        default="asyncio",
+        help="the front end the clients use (sync: the blocking API on scheduled threads)",
+    )
+    parser.add_argument(
         "--pending",
         action="store_true",
         help="with --mutants: also the mutants not caught yet (their misses do not fail)",
@@ -466,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     EXTEND_WHILE_RENEWING[0] = args.extend_while_renewing
     CANCEL[0] = args.cancel
     FORK[0] = args.fork
+    FRONT[0] = args.front
+    if args.front == "sync" and (args.fork or args.cancel):
+        parser.error("--fork and --cancel are asyncio faults (the sync front has interrupts)")
     import logging
 
     # the library's warnings (a lease at risk, lost) are the faults doing their work: the
@@ -527,7 +551,12 @@ def main(argv: list[str] | None = None) -> int:
             for flags in sorted({m.args for m in chosen if m.args})
             if not set(flags) <= on
         ]
-        report["mutants"] = run_mutants(args.seconds, first, chosen, most=args.max_schedules)
+        front = ("--front", "sync") if args.front == "sync" else ()
+        if front:  # a fork is an asyncio fault: its mutant has no sync form
+            chosen = tuple(m for m in chosen if "--fork" not in m.args)
+        report["mutants"] = run_mutants(
+            args.seconds, first, chosen, most=args.max_schedules, args=front
+        )
         pending = {m.name for m in PENDING}
         missed = [m for m in report["mutants"] if not m["caught"] and m["name"] not in pending]
         if args.json:

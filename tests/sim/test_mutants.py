@@ -113,7 +113,7 @@ sys.argv[0] = "simulate.py"
 import tools.sim.mutants as mutants
 import tools.simulate as simulate
 seen = []
-def stub(budget_s, seed, chosen, most=None):
+def stub(budget_s, seed, chosen, most=None, args=()):
     seen.append(seed)
     return []
 mutants.run_mutants = stub

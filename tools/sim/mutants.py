@@ -214,7 +214,7 @@ def run_source(
     args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Run the simulation on the fencelock package under ``src`` and return its JSON report
-    (``args``: more flags of simulate.py).
+    (``args``: more of the command's flags, e.g. ``("--front", "sync")`` or ``("--fork",)``).
 
     Raises:
         MutantError: the copy would not be the code imported, or the run gave no JSON report.
@@ -281,6 +281,7 @@ def run_mutants(
     seed: int,
     mutants: tuple[Mutant, ...] = MUTANTS,
     most: int | None = None,
+    args: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Each mutant on its own copy of the source, ``budget_s_per_mutant`` seconds of search from
     ``seed`` (and at most ``most`` schedules: a budget that does not depend on the machine's
@@ -294,7 +295,8 @@ def run_mutants(
         with tempfile.TemporaryDirectory(prefix=f"fencelock-mutant-{mutant.name}-") as tmp:
             src = _copy_source(Path(tmp))
             apply(mutant, src)
-            report = run_source(src, budget_s_per_mutant, seed, most=most, args=mutant.args)
+            flags = (*args, *mutant.args)
+            report = run_source(src, budget_s_per_mutant, seed, most=most, args=flags)
             results.append(verdict(mutant.name, seed, report))
     return results
 

@@ -244,6 +244,9 @@ class Config:
     # "fork_client" faults (a client process forks: tools/sim/fork.py), planned after the
     # cancellations from a random stream of their own
     forks: int = 0
+    # "interrupt" faults (the sync front: tools/sim/sync_front.py), planned after the
+    # cancellations from a stream of their own
+    interrupts: int = 0
 
 
 #: The engine's process-wide state (module globals): each client process of the world has its
@@ -690,7 +693,7 @@ class World:
                     self._seen[entry] = now + 1e9  # reported once
                 elif (
                     grant is not None
-                    and grant.release in ("ok", "cancelled")
+                    and grant.release in ("ok", "cancelled", "interrupted")
                     and grant.ended is not None
                     and now - grant.ended > window
                 ):
@@ -705,7 +708,7 @@ class World:
             if len(where) >= majority and (key, value) not in self._reported:
                 self._reported.add((key, value))
                 grant = granted[value]
-                what = "confirmed" if grant.release == "ok" else "cancelled (it goes on)"
+                what = "confirmed" if grant.release == "ok" else f"{grant.release} (it goes on)"
                 self.history.unapplied.append(
                     f"{key.decode()} still on {len(where)}/{len(self.servers)} servers: "
                     f"{grant.client}'s release was {what} {now - (grant.ended or now):.3f} s ago"

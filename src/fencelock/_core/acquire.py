@@ -148,7 +148,10 @@ class Ballot:
     ``settled``: when the round may stop; ``choose``: the slot the round is about and the
     round as a vote on it alone (grants of other slots count as "held"); ``commit``: round 2,
     the fence commit of a won slot over N > 1 servers, called as
-    ``commit(plan, slot, token, decision, view, start)``.
+    ``commit(plan, slot, token, decision, view, start)``; ``strays``: a server may grant
+    this token something other than what the round won (another slot), so a won round's
+    stragglers are heard (within a failed round's grace) before the grants of other slots
+    are freed: a late grant of another slot would keep that slot taken there until its TTL.
     """
 
     settled: Callable[[Tally], bool] = field(default=settled)
@@ -156,6 +159,7 @@ class Ballot:
     commit: Callable[[LockPlan, int, str, AcquireDecision, Tally, float], Flow[AcquireDecision]] = (
         field(default=_lock_commit)
     )
+    strays: bool = False
 
 
 LOCK_BALLOT = Ballot()
@@ -207,6 +211,13 @@ def grant_attempt(
         yield grant_round
         if plan.restart_delay:
             tally = yield from _discount_restarted(plan, heard, ballot)
+        if ballot.strays and heard.pending and ballot.choose(tally)[1].won:
+            # won: the stragglers may still grant this token other slots (each then taken
+            # there until its TTL: three servers can end with a different free slot each and
+            # no permit is granted while one is free, seed 100427 of the sync front); heard
+            # now, they are freed with the strays below
+            heard_at: float = yield NOW
+            yield Settle(straggler_grace_s(heard_at - start, plan.budget_s))
         slot, view = ballot.choose(tally)
         now: float = yield NOW
         decision = decide_acquire(

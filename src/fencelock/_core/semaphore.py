@@ -238,7 +238,7 @@ def semaphore_ballot(sem: SemaphorePlan) -> Ballot:
     ) -> Flow[AcquireDecision]:
         return commit_permit_fence(sem.slots[slot], token, decision, view, start)
 
-    return Ballot(settled=slot_settled, choose=_choose, commit=commit)
+    return Ballot(settled=slot_settled, choose=_choose, commit=commit, strays=True)
 
 
 #: How many more rounds one permit attempt runs after a split vote (each proposing a slot).
