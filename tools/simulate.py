@@ -326,9 +326,7 @@ def replay(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="simulate.py", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--seconds", type=float, default=None, help="search budget (s; default 10, none with --exhaustive)"
-    )
+    parser.add_argument("--seconds", type=float, default=None, help="search budget (s)")
     parser.add_argument("--seed", type=int, default=None, help="first seed (default: from time)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--replay", type=int, default=None, metavar="SEED")
@@ -480,14 +478,14 @@ def add_exhaustive_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exhaustive",
         action="store_true",
-        help="enumerate every schedule of the small world within the bound (tools/sim/exhaustive.py)",
+        help="enumerate every schedule of the small world within the bound (no --seconds: all)",
     )
     parser.add_argument(
         "--deviations",
         type=int,
         default=default.deviations,
         metavar="K",
-        help=f"with --exhaustive: at most K non-default choices a schedule (default {default.deviations})",
+        help=f"with --exhaustive: at most K non-default choices (default {default.deviations})",
     )
     parser.add_argument(
         "--depth",
@@ -577,7 +575,7 @@ def exhaustive(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        state = "complete" if report_of.complete else "NOT complete (stopped by a budget)"
+        state = "complete" if report_of.complete else "NOT complete: stopped early"
         print(
             f"exhaustive: {report_of.schedules} schedules ({state}), at most {bound.deviations} "
             f"non-default choices, depth {bound.depth if bound.depth is not None else 'all'}, "

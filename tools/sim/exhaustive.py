@@ -85,7 +85,7 @@ class Bound:
     schedule, at the first ``depth`` choice points only (None: every one); ``faults``: the
     slow and lost alternatives of a message are offered too."""
 
-    deviations: int = 2
+    deviations: int = 1
     depth: int | None = None
     faults: bool = True
 
