@@ -12,14 +12,16 @@ tapes depth first. The choice points (:class:`TapeChooser`, the world's ``choose
   server ran it, a reply lost after; then the connection is reset). ``faults=False`` leaves
   the slow and lost alternatives out;
 - **ties**: two or more client loops (or a server's timer) due at the same instant: which
-  runs first. Messages and the world's own timers due then go before them (not a choice: a
-  loop that ran first would have seen a message that came an instant later, which the late
-  alternative covers).
+  runs first; the one chosen then runs until it is idle at that instant (its steps are not
+  interleaved with the other's there). Messages and the world's own timers due then go before
+  them (not a choice: a loop that ran first would have seen a message that came an instant
+  later, which the late alternative covers). The final probe makes no choice (every message
+  on time).
 
 A schedule is its tape: the alternative taken at each choice point, in the order they come
 (0, the default, past its end). A run records how many alternatives each point had; the next
-tape is the last one with its last point that has an alternative left (within the bound)
-moved to that alternative, and nothing after it: depth-first, each schedule once. The bound
+tape is the run's with its last point that has an alternative left (within the bound) moved
+to that alternative, and nothing after it: depth first, each tape once. The bound
 (:class:`Bound`): at most ``deviations`` non-default choices in a schedule (as bounded
 preemption: most bugs need few), only the first ``depth`` choice points of a schedule (the
 rest take the default; None: all). The enumeration is *complete* when the tree within the
