@@ -5,7 +5,9 @@
     python tools/simulate.py --replay SEED --shrink [--html F]  # ... and its smallest failing form
     python tools/simulate.py --replay SEED --plan TEXT          # a shrunk schedule, exactly
     python tools/simulate.py --mutants [--seconds S]            # every mutant must be caught
-    python tools/simulate.py --mutants --seed 1 --clean-seed random --cancel  # CI: fresh seeds
+    python tools/simulate.py --mutants --seed 1 --clean-seed random --cancel --fork  # CI
+    python tools/simulate.py --exhaustive [--deviations K] [--depth D]  # every small schedule
+    python tools/simulate.py --exhaustive --replay-choices TEXT  # one of them, with its trace
 
 Each schedule is one seed: its servers, network, clients and faults (a random subset of the
 fault kinds: swarm testing) all follow from it, so a failing seed replays exactly. Exit 1 on
@@ -396,7 +398,7 @@ def replay(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="simulate.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="search budget (s)")
+    parser.add_argument("--seconds", type=float, default=None, help="search budget (s)")
     parser.add_argument("--seed", type=int, default=None, help="first seed (default: from time)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--replay", type=int, default=None, metavar="SEED")
@@ -483,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stop-at-first", action="store_true", help="stop at the first violation (mutant runs)"
     )
+    add_exhaustive_arguments(parser)
     args = parser.parse_args(argv)
     EXTEND_WHILE_RENEWING[0] = args.extend_while_renewing
     CANCEL[0] = args.cancel
@@ -496,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     # history, not the log, is what the checkers read
     logging.getLogger("fencelock").setLevel(logging.CRITICAL)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if args.exhaustive or args.replay_choices is not None:
+        return exhaustive(args)
+    if args.seconds is None:
+        args.seconds = 10.0
     if args.replay is not None:
         return replay(args)
     if args.plan or args.shrink or args.html:
@@ -613,6 +620,138 @@ def main(argv: list[str] | None = None) -> int:
                     f"{shrunk['steps'][0]} -> {shrunk['steps'][1]}: {v['shrunk_replay']}"
                 )
     return 1 if report["violations"] else 0
+
+
+def add_exhaustive_arguments(parser: argparse.ArgumentParser) -> None:
+    from tools.sim.exhaustive import Bound
+
+    default = Bound()
+    parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="enumerate every schedule of the small world within the bound (no --seconds: all)",
+    )
+    parser.add_argument(
+        "--deviations",
+        type=int,
+        default=default.deviations,
+        metavar="K",
+        help=f"with --exhaustive: at most K non-default choices (default {default.deviations})",
+    )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        metavar="D",
+        help="with --exhaustive: only the first D choice points of a schedule (default: all)",
+    )
+    parser.add_argument(
+        "--message-faults",
+        action=argparse.BooleanOptionalAction,
+        default=default.faults,
+        help="with --exhaustive: a message may also be slow (a straggler) or lost (default: on)",
+    )
+    parser.add_argument(
+        "--flows",
+        default="lock,semaphore",
+        help="with --exhaustive: the clients' flows, of lock,semaphore (default: both)",
+    )
+    parser.add_argument(
+        "--replay-choices",
+        default=None,
+        metavar="TEXT",
+        help="with --exhaustive: run the schedule of these choices (POINT:ALTERNATIVE,...)",
+    )
+
+
+def exhaustive(args: argparse.Namespace) -> int:
+    """``--exhaustive``: the enumeration (or, with ``--replay-choices``, one of its schedules)."""
+    from tools.sim.exhaustive import Bound, describe, enumerate_schedules, parse_choices, run_tape
+
+    flows = tuple(f for f in args.flows.split(",") if f)
+    if not flows or any(f not in ("lock", "semaphore") for f in flows):
+        print("simulate.py: --flows: lock, semaphore or both", file=sys.stderr)
+        return 2
+    if args.deviations < 0 or (args.depth is not None and args.depth < 0):
+        print("simulate.py: --deviations and --depth are >= 0", file=sys.stderr)
+        return 2
+    bound = Bound(deviations=args.deviations, depth=args.depth, faults=args.message_faults)
+    flags = exhaustive_flags(bound, flows)
+    if args.replay_choices is not None:
+        try:
+            tape = parse_choices(args.replay_choices)
+        except ValueError as exc:
+            print(f"simulate.py: --replay-choices: {exc}", file=sys.stderr)
+            return 2
+        run = run_tape(tape, bound, flows=flows)
+        print_world(run.world, run.bad)
+        print(f"{len(run.points)} choice points; non-default:")
+        for line in describe(run.points):
+            print(f"  {line}")
+        return 1 if run.bad else 0
+    report_of = enumerate_schedules(
+        bound,
+        max_schedules=args.max_schedules,
+        seconds=args.seconds,
+        stop_at_first=args.stop_at_first,
+        flows=flows,
+    )
+    elapsed = max(1e-9, report_of.seconds)
+    for v in report_of.violations:
+        v["replay"] = (
+            f"python tools/simulate.py --exhaustive{flags} --replay-choices '{v['choices']}'"
+        )
+    report = {
+        "schedules": report_of.schedules,
+        "schedules_per_s": report_of.schedules / elapsed,
+        "steps": report_of.steps,
+        "steps_per_s": report_of.steps / elapsed,
+        "seeds": [1, 1],
+        "faults": report_of.faults,
+        "properties": list(PROPERTIES),
+        "primitives": list(flows),
+        "violations": [{"seed": 1, **v} for v in report_of.violations],
+        "mutants": [],
+        "exhaustive": {
+            "schedules": report_of.schedules,
+            "complete": report_of.complete,
+            "deviations": bound.deviations,
+            "depth": bound.depth,
+            "message_faults": bound.faults,
+            "flows": list(flows),
+            "most_choice_points": report_of.most_points,
+            "seconds": round(report_of.seconds, 3),
+        },
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        state = "complete" if report_of.complete else "NOT complete: stopped early"
+        print(
+            f"exhaustive: {report_of.schedules} schedules ({state}), at most {bound.deviations} "
+            f"non-default choices, depth {bound.depth if bound.depth is not None else 'all'}, "
+            f"message faults {'on' if bound.faults else 'off'}, flows {','.join(flows)}; "
+            f"{report_of.steps} steps, {report_of.seconds:.1f} s, up to "
+            f"{report_of.most_points} choice points a schedule, faults {report_of.faults}"
+        )
+        for v in report_of.violations:
+            print(f"VIOLATION {v['property']}: {v['trace'][0]}")
+            for line in v["described"]:
+                print(f"  {line}")
+            print(f"  replay: {v['replay']}")
+    return 1 if report_of.violations else 0
+
+
+def exhaustive_flags(bound: Any, flows: tuple[str, ...]) -> str:
+    """The command-line flags that give ``bound`` and ``flows`` (a replay's)."""
+    flags = ""
+    if bound.depth is not None:
+        flags += f" --depth {bound.depth}"
+    if not bound.faults:
+        flags += " --no-message-faults"
+    if flows != ("lock", "semaphore"):
+        flags += f" --flows {','.join(flows)}"
+    return flags
 
 
 if __name__ == "__main__":

@@ -183,6 +183,31 @@ class _Conn:
         self.drop_next = False  # the next reply is lost, then the connection reset
 
 
+class RandomChooser:
+    """Where the world makes an ordering choice, the swarm draws it from the seed's stream
+    (``world.rng``), as it always did: which of the events due at one instant goes first, and
+    each message's network delay. :mod:`tools.sim.enumerate` has the other chooser, which
+    enumerates them (and a message's loss) instead."""
+
+    __slots__ = ("rng",)
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def tie(self, world: World, due: list[Callable[[], None]]) -> int:
+        """Which of ``due`` (two or more, due at the same instant) runs first."""
+        return self.rng.randrange(len(due))
+
+    def delay(self, top: float) -> float:
+        """A network delay (a handshake's, a reset's) when delays are up to ``top``."""
+        return self.rng.uniform(0.0001, top)
+
+    def message(self, world: World, conn: _Conn, kind: str) -> float | None:
+        """The delay of the next message on ``conn`` (``kind``: "request" or "reply"), or
+        None: it is lost (then the connection is reset)."""
+        return world._delay()
+
+
 class _Transport(asyncio.Transport):
     def __init__(self, world: World, conn: _Conn) -> None:
         super().__init__()
@@ -266,6 +291,7 @@ class World:
         self.seed = seed
         self.config = config
         self.rng = random.Random(seed)
+        self.chooser: Any = RandomChooser(self.rng)  # the ordering choices (RandomChooser's)
         self.clock = Clock()
         self.history = History(servers=config.servers)
         self.history.ttl = config.ttl
@@ -374,7 +400,7 @@ class World:
 
     def _delay(self) -> float:
         top = self.spike_max if self.clock.now < self.spike_until else self.config.net_delay_max
-        return self.rng.uniform(0.0001, top)
+        return self.chooser.delay(top)  # type: ignore[no-any-return]
 
     # -- the network ------------------------------------------------------------------------
 
@@ -396,16 +422,19 @@ class World:
         return transport, protocol
 
     def _send_up(self, conn: _Conn, data: bytes) -> None:
-        if self.cut and (conn.loop.process, conn.server) in self.cut:
+        cut = bool(self.cut) and (conn.loop.process, conn.server) in self.cut
+        delay = None if cut else self.chooser.message(self, conn, "request")
+        if delay is None:
             # the request is lost on its way (it never reaches the server), then the link
             # is reset: the client cannot tell it from a reply lost after the server ran it
-            self.note(f"lose request on conn {conn.id} (sim{conn.server}, cut off)")
+            why = "cut off" if cut else "lost"
+            self.note(f"lose request on conn {conn.id} (sim{conn.server}, {why})")
             self._fault_until(self.clock.now)
             faults = self.history.faults
             faults["lost_request"] = faults.get("lost_request", 0) + 1
             self.at(self.clock.now + self._delay(), lambda: self._reset(conn))
             return
-        conn.up_at = max(conn.up_at, self.clock.now + self._delay())
+        conn.up_at = max(conn.up_at, self.clock.now + delay)
         self.at(conn.up_at, lambda: self._arrive_up(conn, data))
 
     def _arrive_up(self, conn: _Conn, data: bytes) -> None:
@@ -431,7 +460,15 @@ class World:
                 self._fault_until(self.clock.now + 0.5)
                 self._reset(conn)
                 continue
-            conn.down_at = max(conn.down_at, self.clock.now + self._delay())
+            delay = self.chooser.message(self, conn, "reply")
+            if delay is None:  # (the enumeration's choice) as drop_next: the link reset
+                self.note(f"drop reply on conn {conn.id} (sim{index})")
+                self._fault_until(self.clock.now + 0.5)
+                faults = self.history.faults
+                faults["drop_reply"] = faults.get("drop_reply", 0) + 1
+                self._reset(conn)
+                continue
+            conn.down_at = max(conn.down_at, self.clock.now + delay)
             self.at(conn.down_at, lambda c=conn, o=out: self._arrive_down(c, o))
 
     def _arrive_down(self, conn: _Conn, data: bytes) -> None:
@@ -570,7 +607,7 @@ class World:
                 return
             if when > self.clock.now:
                 self.clock.now = when
-            action = due[0] if len(due) == 1 else due[self.rng.randrange(len(due))]
+            action = due[0] if len(due) == 1 else due[self.chooser.tie(self, due)]
             self.steps += 1
             action()
             self.loops = [loop for loop in self.loops if not loop.is_closed()]
@@ -964,12 +1001,18 @@ def _creation_order(task: asyncio.Task[Any]) -> int:
 
 
 def run_schedule(
-    seed: int, config: Config, workload: Callable[[World], Any], *, collect: bool = True
+    seed: int,
+    config: Config,
+    workload: Callable[[World], Any],
+    *,
+    collect: bool = True,
+    chooser: Any = None,
 ) -> World:
     """Run one schedule: the servers, the faults, and ``workload(world)`` (which starts the
     clients' loops); returns the world with its history. ``collect=False`` skips the garbage
     collection before it (a search collects every few schedules: garbage of earlier schedules
-    is inert while the collector is off, so the schedule runs the same)."""
+    is inert while the collector is off, so the schedule runs the same). ``chooser`` makes
+    the world's ordering choices instead of :class:`RandomChooser` (the enumeration's)."""
     # the cyclic garbage collector runs when allocation counts say so, which depends on what
     # the process did before: with it off during a schedule, what is freed when (weakly held
     # leases, say) is the same in a search and in a replay
@@ -978,6 +1021,8 @@ def run_schedule(
     gc_was_on = gc.isenabled()
     gc.disable()
     world = World(seed, config)
+    if chooser is not None:
+        world.chooser = chooser
     saved_hex = secrets.token_hex
     state = random.getstate()
     random.seed(seed)
