@@ -138,7 +138,9 @@ class Store:
         except StaleFence as exc:
             accepted, current = False, exc.current
         world.history.store_writes.append(
-            StoreWrite(world.clock.now, grant.client, key, fence, token, op, when, accepted, current)
+            StoreWrite(
+                world.clock.now, grant.client, key, fence, token, op, when, accepted, current
+            )
         )
         verdict = "accepted" if accepted else f"REFUSED (store holds {current})"
         world.note(f"store: {grant.client} {op} {key} fence {fence} ({when}): {verdict}")
@@ -194,9 +196,7 @@ def guard_refuses_older_writer(history: History) -> list[str]:
             )
         if w.accepted:
             if w.fence < fence or (w.fence == fence and w.token != token):
-                found.append(
-                    f"{w.resource}: accepted fence {w.fence} ({w.client}) after {fence}"
-                )
+                found.append(f"{w.resource}: accepted fence {w.fence} ({w.client}) after {fence}")
             held[w.resource] = (w.fence, w.token)
     accepted: dict[str, list[tuple[int, StoreWrite]]] = {}
     for i, w in enumerate(history.store_writes):
