@@ -131,3 +131,16 @@ def test_the_checker_flags_an_equal_fence_of_another_lease() -> None:
     history.store_writes = [_write(a, 1000.5, True, 10), _write(b, 1002.5, True, 10)]
     found = guard_refuses_older_writer(history)
     assert any("accepted fence 10 (b) after 10" in f for f in found)
+
+
+def test_the_store_refuses_the_older_writer_across_a_wiped_restart() -> None:
+    # seed 39: one server, restarted empty at 3.1972 (crash at 2.8577): c0 is granted k0 at
+    # 3.2507 while c3's lease runs until 3.9155; c3's late write is refused
+    run = _replay("39", "--store")
+    assert run.returncode == 0, run.stdout[-3000:]
+    out = run.stdout
+    assert "crash sim0 (wiped)" in out and "clock_break" not in out
+    assert "3.2507 c0/j2/t0 granted k0 fence 1003250300" in out
+    assert (
+        "3.7308 store: c3/j0/t0 write k0 fence 1000349161 (late): REFUSED (store holds 1003250300)"
+    ) in out
