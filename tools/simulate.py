@@ -125,12 +125,18 @@ FRONT = ["asyncio"]
 #: draw and the mutants' catching seeds stay as they were; the fork mutant runs with it)
 FORK = [False]
 
+#: --store: the fenced store (tools/sim/store.py): holders write to it through the library's
+#: real guard, checked by guard_refuses_older_writer. It takes no step nor draw of the world's
+#: (a seed runs the same steps with it), off by default all the same (its writes are traced)
+STORE = [False]
+
 
 def replay_flags() -> str:
     """The flags a violation's replay needs beyond its seed (the search's own)."""
     flags = "" if EXTEND_WHILE_RENEWING[0] else " --no-extend-while-renewing"
     flags += " --cancel" if CANCEL[0] else ""
     flags += " --fork" if FORK[0] else ""
+    flags += " --store" if STORE[0] else ""
     return flags + (" --front sync" if FRONT[0] == "sync" else "")
 
 
@@ -150,6 +156,7 @@ def base_config(seed: int) -> Config:
         config.cancels = 0
     if not FORK[0]:
         config.forks = 0
+    config.store = STORE[0]
     if FRONT[0] == "sync":
         from tools.sim.sync_front import sync_config
 
@@ -235,10 +242,13 @@ def search(
     schedules = steps = 0
     faults: dict[str, int] = {}
     found: list[dict[str, Any]] = []
+    store = {"accepted": 0, "refused": 0, "refused_in_overlap": 0, "overlap_seeds": []}
     while True:
         world, bad = one(seed, collect=schedules % COLLECT_EVERY == 0)
         schedules += 1
         steps += world.steps
+        if STORE[0]:
+            count_store(store, seed, world)
         for kind, count in world.history.faults.items():
             faults[kind] = faults.get(kind, 0) + count
         if bad:
@@ -284,7 +294,22 @@ def search(
         "primitives": list(PRIMITIVES),
         "violations": found,
         "mutants": [],
+        **({"store": store} if STORE[0] else {}),
     }
+
+
+def count_store(store: dict[str, Any], seed: int, world: World) -> None:
+    """Add schedule ``seed``'s fenced-store writes to a search's figures (``--store``)."""
+    from tools.sim.store import refused_in_overlap
+
+    writes = world.history.store_writes
+    accepted = sum(1 for w in writes if w.accepted)
+    store["accepted"] += accepted
+    store["refused"] += len(writes) - accepted
+    overlap = len(refused_in_overlap(world.history))
+    store["refused_in_overlap"] += overlap
+    if overlap and len(store["overlap_seeds"]) < 20:
+        store["overlap_seeds"].append(seed)
 
 
 def clean_with(
@@ -345,6 +370,10 @@ def print_world(world: World, bad: list[tuple[str, str]]) -> None:
         print(f"VIOLATION {prop}: {detail}")
     grants = len(world.history.grants)
     print(f"{world.steps} steps, {grants} grants, faults {world.history.faults}")
+    writes = world.history.store_writes
+    if writes:
+        accepted = sum(1 for w in writes if w.accepted)
+        print(f"store: {accepted} writes accepted, {len(writes) - accepted} refused")
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -472,6 +501,15 @@ def main(argv: list[str] | None = None) -> int:
         help="fork client processes at seeded moments in some schedules (default: off)",
     )
     parser.add_argument(
+        "--store",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=(
+            "holders write to a fenced store through the library's guard, checked by "
+            "guard_refuses_older_writer (default: off; the schedules are the same with it)"
+        ),
+    )
+    parser.add_argument(
         "--front",
         choices=("asyncio", "sync"),
         default="asyncio",
@@ -490,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     EXTEND_WHILE_RENEWING[0] = args.extend_while_renewing
     CANCEL[0] = args.cancel
     FORK[0] = args.fork
+    STORE[0] = args.store
     FRONT[0] = args.front
     if args.front == "sync" and (args.fork or args.cancel):
         parser.error("--fork and --cancel are asyncio faults (the sync front has interrupts)")
@@ -610,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{report['steps']} steps ({report['steps_per_s']:.0f}/s), seeds "
             f"{report['seeds'][0]}..{report['seeds'][1]}, faults {report['faults']}"
         )
+        if "store" in report:
+            print(f"store: {report['store']}")
         for v in report["violations"]:
             print(f"VIOLATION seed {v['seed']} {v['property']}: {v['trace'][0]}")
             print(f"  replay: {v['replay']}")

@@ -23,6 +23,8 @@ short texts (empty: the property holds). Each has a known-bad-history unit test
   never two valid at once (left out of ``mutual_exclusion`` and ``fence_order``).
 - ``no_foreign_lease_use``: no script run with a grant's token by another process (a forked
   child's inherited lease is its parent's).
+- ``guard_refuses_older_writer`` (with the fenced store, ``--store``): the store's history is
+  as if serialised by fence, overlapping leases included (:mod:`tools.sim.store`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
+from .store import guard_refuses_older_writer
 from .world import Grant, History
 
 PROPERTIES = (
@@ -46,6 +49,7 @@ PROPERTIES = (
     "rw_exclusion",
     "one_leader_per_term",
     "no_foreign_lease_use",
+    "guard_refuses_older_writer",
 )
 
 #: A refused permit counts as a liveness failure only when no fault touched the servers or
@@ -377,6 +381,7 @@ CHECKS = {
     "rw_exclusion": rw_exclusion,
     "one_leader_per_term": one_leader_per_term,
     "no_foreign_lease_use": no_foreign_lease_use,
+    "guard_refuses_older_writer": guard_refuses_older_writer,
 }
 
 

@@ -151,6 +151,8 @@ def _run(world: World, hub: ThreadHub) -> None:
         world.note(f"{name} granted {key} fence {lease.fence} until {lease.deadline - 1000:.4f}")
         lost_at: list[float] = []
         lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        if world.store is not None:
+            world.store.claim(grant)
         return grant, lost_at
 
     def closing(grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:
@@ -160,6 +162,8 @@ def _run(world: World, hub: ThreadHub) -> None:
         grant.lost_reason = lease.lost_reason
 
     def ended(name: str, grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:
+        if world.store is not None:
+            world.store.late_write(grant)
         closing(grant, lease, lost_at)
         world.phase[name] = "release"
         try:

@@ -84,9 +84,13 @@ def lock_workload(world: World) -> None:
         )
         lost_at: list[float] = []
         lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        if world.store is not None:
+            world.store.claim(grant)
         return grant, lost_at
 
     async def ended(name: str, grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:
+        if world.store is not None:
+            world.store.late_write(grant)
         grant.deadline = min(lease.deadline, *lost_at) if lost_at else lease.deadline
         grant.ended = world.clock.now
         grant.lease = None

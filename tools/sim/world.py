@@ -120,6 +120,8 @@ class History:
     # script calls made with a grant's token by a process other than the grant's (a forked
     # child's use of an inherited lease: tools/sim/fork.py)
     foreign: list[str] = field(default_factory=list)
+    # the fenced store's write attempts, in the order it ran them (``--store``: tools/sim/store.py)
+    store_writes: list[Any] = field(default_factory=list)
 
     def quiet(self, since: float, until: float) -> bool:
         """No fault window meets [since, until]."""
@@ -272,6 +274,9 @@ class Config:
     # "interrupt" faults (the sync front: tools/sim/sync_front.py), planned after the
     # cancellations from a stream of their own
     interrupts: int = 0
+    # the fenced store (tools/sim/store.py): holders write to it through the real guard; it
+    # takes no step nor draw of the world's, so the schedule is the same with it
+    store: bool = False
 
 
 #: The engine's process-wide state (module globals): each client process of the world has its
@@ -367,6 +372,11 @@ class World:
         self.on_switch: list[Callable[[str, str], None]] = []
         self.cleanups: list[Callable[[], None]] = []
         self.forks: Any = None  # the schedule's fork fault (tools/sim/fork.py), if any
+        self.store: Any = None  # the fenced store (tools/sim/store.py), with config.store
+        if config.store:
+            from .store import Store
+
+            self.store = Store(self)
 
     # -- clocks and events ------------------------------------------------------------------
 
