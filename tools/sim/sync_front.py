@@ -150,7 +150,9 @@ def _run(world: World, hub: ThreadHub) -> None:
         world.history.grants.append(grant)
         world.note(f"{name} granted {key} fence {lease.fence} until {lease.deadline - 1000:.4f}")
         lost_at: list[float] = []
-        lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        lease.on_lost(
+            lambda _lease: (lost_at.append(world.clock.now), world.lease_lost(grant, _lease))
+        )
         return grant, lost_at
 
     def closing(grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:
