@@ -162,6 +162,19 @@ def test_a_lasting_split_is_resolved_and_first_free_alone_is_refused(
     assert "VIOLATION permit_when_free: sq/split was refused" in mutated.stdout
 
 
+def test_a_release_cancelled_twice_is_repeated_in_the_background() -> None:
+    """Seed 7001075 (--cancel --fork): a release cancelled during a delay spike, its shielded
+    round then cancelled again as its job's loop closed (asyncio.run()'s end), left the key
+    on 4 of 5 servers until its TTL: the interrupted round's unanswered servers are now
+    repeated in the background (confirmed_release_applied)."""
+    run = subprocess.run(
+        [*SIMULATE, "--replay", "7001075", "--cancel", "--fork"],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+
+
 def test_a_loss_reported_while_a_majority_held_the_lease_is_dishonest(tmp_path: Path) -> None:
     """Seed 36 runs clean; with the mutant extend-lost-on-one-refusal (one server's "not
     ours" loses the lease) a renewal refused by 2 of 5 servers reports the election's term
