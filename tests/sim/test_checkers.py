@@ -9,13 +9,15 @@ from tools.sim.checkers import (
     fence_order,
     grant_lands_everywhere,
     grant_valid_at_return,
+    honest_loss,
+    lock_when_free,
     mutual_exclusion,
     one_leader_per_term,
     permit_when_free,
     rw_exclusion,
     semaphore_limit,
 )
-from tools.sim.world import Config, Grant, History, World
+from tools.sim.world import Config, Grant, History, Loss, World
 
 
 def test_grant_lands_everywhere_fires_on_a_server_that_never_ran_the_acquire() -> None:
@@ -272,3 +274,92 @@ def test_one_leader_per_term_fires_on_a_term_that_did_not_grow_and_two_leaders_a
     assert len(found) == 1 and "a (fence 9) valid until" in found[0]
     history.grants[1] = _term("b", 10, 1000.6, 1001.5)
     assert not one_leader_per_term(history)
+
+
+def test_honest_loss_fires_on_a_refusal_while_a_majority_held_the_token() -> None:
+    refused = Loss("a", "k", "t1", at=1001.0, reason="extend refused: 'k': 0/3", deadline=1002.0)
+    refused.granted, refused.held = 1000.0, 2
+    history = History(servers=3, losses=[refused])
+    assert honest_loss(history)
+    refused.held = 1  # no majority held it: "not ours" is the truth
+    assert not honest_loss(history)
+    refused.held = 3
+    history.clock_breaks = [1000.5]  # a clock past its bound may have expired it meanwhile
+    assert not honest_loss(history)
+    history.clock_breaks = []
+    refused.reason = "fork"  # an inherited lease: lost by design
+    assert not honest_loss(history)
+    refused.reason = "made up"  # no such loss in the contract
+    assert honest_loss(history)
+
+
+def test_honest_loss_fires_on_a_lease_said_to_have_run_out_before_its_deadline() -> None:
+    ran_out = Loss(
+        "a",
+        "k",
+        "t1",
+        at=1001.0,
+        reason="renewal not confirmed before the local deadline",
+        deadline=1002.0,
+        granted=1000.0,
+        held=3,
+    )
+    history = History(servers=3, losses=[ran_out])
+    assert honest_loss(history)
+    ran_out.at = 1002.0  # at its deadline: what the contract says (held or not)
+    assert not honest_loss(history)
+
+
+def test_world_records_a_loss_with_the_servers_that_held_the_token_throughout() -> None:
+    world = World(1, Config(servers=3, faults=()))
+    world.clock.now = 1001.0
+    grant = Grant("a", "k", "tok", 7, at=1000.0, deadline=1005.0, start=1000.0)
+    lease = SimpleNamespace(deadline=1005.0, lost_reason="extend refused: 'k'")
+    for server in world.servers:
+        server.data[b"fencelock:{k}"] = b"tok"
+        server.expires[b"fencelock:{k}"] = 1006_000
+    world.servers[2].expires[b"fencelock:{k}"] = 1000_500  # expired there
+    # an acquire straggler with the token after the grant: it may have set the key anew
+    assert world.servers[1].ran is not None
+    world.clock.now = 1000.6
+    world.servers[1].ran.add((b"sha-acquire", b"tok"))
+    world.clock.now = 1001.0
+    world.lease_lost(grant, lease)
+    (loss,) = world.history.losses
+    assert (loss.held, loss.at, loss.deadline) == (1, 1001.0, 1005.0)
+    assert not honest_loss(world.history)
+
+
+def _refusal(**more: object) -> History:
+    history = History(servers=3, ttl=2.0, locks_refused=[("b", "k", 1010.0, 1012.0)])
+    history.lock_attempts = [("b", "k", 1010.0, 1012.0)]
+    for name, value in more.items():
+        setattr(history, name, value)
+    return history
+
+
+def test_lock_when_free_fires_on_a_refusal_with_the_key_free_and_no_fault() -> None:
+    assert lock_when_free(_refusal())
+    assert not lock_when_free(_refusal(fault_windows=[(1006.0, 1006.5)]))  # within 2 ttl + 1
+    assert lock_when_free(_refusal(fault_windows=[(1004.0, 1004.9)]))
+    assert not lock_when_free(_refusal(restarted_at=[1007.0]))
+    other = _refusal()
+    other.lock_attempts.append(("c", "k", 1011.0, 1011.5))  # another ask in flight
+    assert not lock_when_free(other)
+    other.lock_attempts[-1] = ("c", "k2", 1011.0, 1011.5)  # another key's
+    assert lock_when_free(other)
+    other.lock_attempts[-1] = ("c", "k", 1009.0, 1009.96)  # ended 40 ms before: its cleanup
+    assert not lock_when_free(other)
+
+
+def test_lock_when_free_counts_a_lease_to_its_confirmed_release_or_past_its_deadline() -> None:
+    held = Grant("a", "k", "t1", 3, at=1008.0, deadline=1011.0, start=1007.9, ended=1010.5)
+    held.release = "ok"
+    history = _refusal(grants=[held])
+    assert not lock_when_free(history)  # released during the wait
+    held.ended = 1009.9
+    assert lock_when_free(history)  # released (confirmed) before the ask
+    held.release = "Unavailable"  # its key may stay until 1.5 ttl past its deadline
+    assert not lock_when_free(history)
+    held.deadline, held.ended = 1006.5, 1006.0
+    assert lock_when_free(history)

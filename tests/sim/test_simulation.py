@@ -162,6 +162,39 @@ def test_a_lasting_split_is_resolved_and_first_free_alone_is_refused(
     assert "VIOLATION permit_when_free: sq/split was refused" in mutated.stdout
 
 
+def test_a_release_cancelled_twice_is_repeated_in_the_background() -> None:
+    """Seed 7001075 (--cancel --fork): a release cancelled during a delay spike, its shielded
+    round then cancelled again as its job's loop closed (asyncio.run()'s end), left the key
+    on 4 of 5 servers until its TTL: the interrupted round's unanswered servers are now
+    repeated in the background (confirmed_release_applied)."""
+    run = subprocess.run(
+        [*SIMULATE, "--replay", "7001075", "--cancel", "--fork"],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+
+
+def test_a_loss_reported_while_a_majority_held_the_lease_is_dishonest(tmp_path: Path) -> None:
+    """Seed 36 runs clean; with the mutant extend-lost-on-one-refusal (one server's "not
+    ours" loses the lease) a renewal refused by 2 of 5 servers reports the election's term
+    lost while 3 still held its token: honest_loss."""
+    from tools.sim.mutants import MUTANTS, _copy_source, apply
+
+    run = subprocess.run(
+        [*SIMULATE, "--replay", "36"], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    src = _copy_source(tmp_path)
+    apply(next(m for m in MUTANTS if m.name == "extend-lost-on-one-refusal"), src)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+    mutated = subprocess.run(
+        [*SIMULATE, "--replay", "36"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert mutated.returncode == 1
+    assert "VIOLATION honest_loss: c2/j2/t0's lease on e0 reported lost" in mutated.stdout
+
+
 def test_a_short_search_prints_the_contract_json_and_finds_nothing() -> None:
     run = subprocess.run(
         [*SIMULATE, "--seconds", "5", "--seed", "1000", "--json"],

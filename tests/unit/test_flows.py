@@ -358,6 +358,25 @@ def test_an_interrupt_during_the_cleanup_release_leaves_it_to_the_background() -
         flow.send(None)
 
 
+def test_a_release_interrupted_mid_round_is_handed_to_the_background() -> None:
+    # simulation seed 7001075 --cancel --fork: a release whose round is cancelled (its task
+    # cancelled as asyncio.run() ended) is repeated everywhere in the background, then raises
+    plan = plan_of(3)
+    flow = release(plan, "tok", expired=False)
+    step = next(flow)
+    assert isinstance(step, Broadcast) and step.script == "release"
+    step.tally.record(0, *step.classify(OK))
+    handed = flow.throw(_Cancelled())  # while the round waits for 1 and 2
+    assert isinstance(handed, Repeat) and handed.script == "release"
+    assert handed.targets == (0, 1, 2) and handed.args[0] == "tok"
+    with pytest.raises(_Cancelled):
+        flow.send(None)
+
+
+class _Cancelled(BaseException):
+    """As asyncio.CancelledError: a BaseException thrown into a flow."""
+
+
 def _grant_round_land_seen(flow: Flow[Any], seen: list[tuple[Any, bool]]) -> Flow[Any]:
     """``flow``, recording each effect it yields with its grant round's ``land`` then (what a
     driver would read if a straggler of that round answered NOSCRIPT at that moment)."""

@@ -25,6 +25,11 @@ short texts (empty: the property holds). Each has a known-bad-history unit test
   child's inherited lease is its parent's).
 - ``guard_refuses_older_writer`` (with the fenced store, ``--store``): the store's history is
   as if serialised by fence, overlapping leases included (:mod:`tools.sim.store`).
+- ``honest_loss``: a lease is reported lost ("no longer ours") only when it was: never while
+  a majority of the servers held its token throughout; a loss for want of a confirmation only
+  once its local deadline has passed.
+- ``lock_when_free``: liveness: a Lock's ``acquire()`` is not refused (NotAcquired) when
+  nothing held or asked for its key during its wait and no fault touched the servers.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ PROPERTIES = (
     "one_leader_per_term",
     "no_foreign_lease_use",
     "guard_refuses_older_writer",
+    "honest_loss",
+    "lock_when_free",
 )
 
 #: A refused permit counts as a liveness failure only when no fault touched the servers or
@@ -367,6 +374,92 @@ def no_foreign_lease_use(history: History) -> list[str]:
     return list(history.foreign)
 
 
+#: Loss reasons that claim only that the lease could not be confirmed in time (lost at its
+#: local deadline: ``_core/extend.py``), and the fork's (an inherited lease is its parent's).
+RAN_OUT_PREFIXES = ("renewal not confirmed before", "max_hold reached")
+
+
+def honest_loss(history: History) -> list[str]:
+    """A lease is reported lost only when it was (issue: "LockLost only when the lease was
+    lost"). The library's contract (``LockLost``: "expired, was taken, or could not be
+    confirmed"; ``_core/extend.py``) allows two kinds of loss besides a fork's:
+
+    - *refused* ("extend refused": so many servers said "not ours" that no majority can be
+      ours): then no majority held its token. Flagged when, at the loss, a majority held its
+      token unexpired and none of them ran, since the grant returned, a script with the token
+      that may write the key (an acquire straggler): each of those held it from before the
+      grant to the loss, so each answered "ours" to every extend in between; a server whose
+      clock broke its bound since the grant may have expired it meanwhile (not flagged);
+    - *ran out* (a renewal or extend not confirmed, ``max_hold``): only at or after its local
+      deadline, never while the lease is still valid.
+
+    Any other reason is flagged: the contract has no third way to lose a lease. A fork's
+    inherited lease ("fork") is lost by design (``tools/sim/fork.py``)."""
+    found: list[str] = []
+    majority = history.servers // 2 + 1
+    for loss in history.losses:
+        where = f"{loss.client}'s lease on {loss.key} reported lost at {loss.at - 1000:.4f}"
+        if loss.reason == "fork":
+            continue
+        if loss.reason.startswith(RAN_OUT_PREFIXES):
+            if loss.at < loss.deadline - 1e-9:
+                found.append(
+                    f"{where} ({loss.reason}) before its deadline {loss.deadline - 1000:.4f}"
+                )
+            continue
+        if not loss.reason.startswith("extend refused"):
+            found.append(f"{where}: {loss.reason} (no such loss in the contract)")
+            continue
+        if loss.token.startswith("h") or history.clock_broken(loss.granted, loss.at):
+            continue  # (a hand-over's key is written by its previous holder's release)
+        if loss.held >= majority:
+            found.append(
+                f"{where} ({loss.reason}) while {loss.held}/{history.servers} servers held "
+                "its token since its grant"
+            )
+    return found
+
+
+def lock_when_free(history: History) -> list[str]:
+    """Liveness, the lock's ``permit_when_free``: a Lock's ``acquire()`` (wait: the client's)
+    does not raise NotAcquired when, from ``2 ttl + LIVENESS_QUIET_S`` before it asked until
+    it was refused, no fault touched the servers, the network or a client and no server
+    restarted (then every key an earlier fault left behind has expired: a key lives at most
+    1.5 ttl past its last extend), no other acquire of its key was in flight (nor ended within
+    50 ms of its ask: its cleanup), and no lease of its key occupied it. A lease occupies its
+    key from its round's start to its release if that was confirmed (+50 ms), else to 1.5 ttl
+    past the later of its deadline and its end (an extend in flight may land)."""
+    found: list[str] = []
+    by_key = _grants_by_key(history)
+    for who, key, asked, refused in history.locks_refused:
+        since = asked - 2 * history.ttl - LIVENESS_QUIET_S
+        if not history.quiet(since, refused) or any(
+            since <= t <= refused for t in history.restarted_at
+        ):
+            continue
+        if any(
+            (other, start) != (who, asked) and k == key and start < refused and end + 0.05 > asked
+            for other, k, start, end in history.lock_attempts
+        ):
+            continue
+        busy = False
+        for g in by_key.get(key, []):
+            begin = min(g.at, g.start or g.at, g.asked or g.at)
+            if g.release == "ok" and g.ended is not None:
+                end = g.ended + 0.05
+            else:
+                end = max(g.deadline, g.ended or 0.0) + 1.5 * history.ttl + 0.05
+            if begin < refused and end > asked:
+                busy = True
+                break
+        if not busy:
+            found.append(
+                f"{who} was refused {key} at {refused - 1000:.4f} after asking at "
+                f"{asked - 1000:.4f}: no lease nor other acquire of it meanwhile, no fault"
+            )
+    return found
+
+
 CHECKS = {
     "mutual_exclusion": mutual_exclusion,
     "fence_order": fence_order,
@@ -382,6 +475,8 @@ CHECKS = {
     "one_leader_per_term": one_leader_per_term,
     "no_foreign_lease_use": no_foreign_lease_use,
     "guard_refuses_older_writer": guard_refuses_older_writer,
+    "honest_loss": honest_loss,
+    "lock_when_free": lock_when_free,
 }
 
 

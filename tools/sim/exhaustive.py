@@ -216,7 +216,9 @@ def core_workload(world: World, flows: Sequence[str] = FLOWS) -> None:
         world.history.grants.append(grant)
         world.note(f"{name} granted {key} fence {lease.fence} until {lease.deadline - 1000:.4f}")
         lost_at: list[float] = []
-        lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        lease.on_lost(
+            lambda _lease: (lost_at.append(world.clock.now), world.lease_lost(grant, _lease))
+        )
         return grant, lost_at
 
     async def ended(name: str, grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:

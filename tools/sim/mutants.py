@@ -145,6 +145,17 @@ MUTANTS: tuple[Mutant, ...] = (
         replace="SPLIT_ROUNDS = 0\n",
     ),
     Mutant(
+        name="extend-lost-on-one-refusal",
+        description=(
+            'an extend (a renewal) that one server refuses ("not ours": restarted empty, '
+            "its key expired there) reports the lease lost, though a majority still holds it "
+            "(honest_loss)"
+        ),
+        file="_core/rounds.py",
+        find="    return tally.count(Outcome.HELD) > tally.n - tally.needed\n",
+        replace="    return tally.count(Outcome.HELD) >= 1\n",
+    ),
+    Mutant(
         name="fork-renewals-re-armed",
         description=(
             "an inherited lease is not lost in a forked child (issue 21 item 3, F28: before, "

@@ -150,7 +150,9 @@ def _run(world: World, hub: ThreadHub) -> None:
         world.history.grants.append(grant)
         world.note(f"{name} granted {key} fence {lease.fence} until {lease.deadline - 1000:.4f}")
         lost_at: list[float] = []
-        lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        lease.on_lost(
+            lambda _lease: (lost_at.append(world.clock.now), world.lease_lost(grant, _lease))
+        )
         if world.store is not None:
             world.store.claim(grant)
         return grant, lost_at
@@ -271,9 +273,18 @@ def _run(world: World, hub: ThreadHub) -> None:
                 lock = fl.Lock(world.urls, key, **options)
                 if cfg.renew and rng.random() < HOLD_SHARE:
                     world.phase[name] = "hold() acquire lock"
-                    with_hold(name, key, lock, asked)
+                    try:  # (its acquire's end is not seen here: the whole block counts)
+                        with_hold(name, key, lock, asked)
+                    finally:
+                        world.history.lock_attempts.append((name, key, asked, world.clock.now))
                     return
-                lease = lock.acquire()
+                try:
+                    lease = lock.acquire()
+                except NotAcquired:
+                    world.history.locks_refused.append((name, key, asked, world.clock.now))
+                    raise
+                finally:
+                    world.history.lock_attempts.append((name, key, asked, world.clock.now))
         except NotAcquired:
             world.history.refusals += 1
             return
@@ -348,11 +359,14 @@ def _run(world: World, hub: ThreadHub) -> None:
         probe_options: dict[str, Any] = {"ttl": cfg.ttl, "server_timeout": cfg.server_timeout}
         for key in keys:
             lock = fl.Lock(world.urls, key, **probe_options)
+            asked = world.clock.now
             try:
                 lease = lock.acquire(wait=wait)
             except (NotAcquired, Unavailable) as exc:
                 world.history.liveness.append(f"{key}: {type(exc).__name__}: {exc}")
                 continue
+            finally:
+                world.history.lock_attempts.append(("probe", key, asked, world.clock.now))
             lease.release()
         probe_done[0] = True
 

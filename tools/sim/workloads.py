@@ -83,7 +83,9 @@ def lock_workload(world: World) -> None:
             f"{name} granted {key}{what} fence {lease.fence} until {lease.deadline - 1000:.4f}"
         )
         lost_at: list[float] = []
-        lease.on_lost(lambda _lease: lost_at.append(world.clock.now))
+        lease.on_lost(
+            lambda _lease: (lost_at.append(world.clock.now), world.lease_lost(grant, _lease))
+        )
         if world.store is not None:
             world.store.claim(grant)
         return grant, lost_at
@@ -194,6 +196,7 @@ def lock_workload(world: World) -> None:
                     for key in chosen:
                         world.busy[key] -= 1
                         world.busy_until[key] = world.clock.now
+                        world.history.lock_attempts.append((name, key, asked, world.clock.now))
             elif kind == "semaphore":
                 sem = fl.Semaphore(world.urls, "s0", cfg.limit, **options)
                 asked = world.clock.now
@@ -228,7 +231,16 @@ def lock_workload(world: World) -> None:
             else:  # a Lock, or a fair one (the same key: kind "fair" runs in its own mix)
                 chosen = [rng.choice(keys)]
                 lock = fl.Lock(world.urls, chosen[0], **options, fair=kind == "fair")
-                leases = (await lock.acquire(),)
+                try:
+                    leases = (await lock.acquire(),)
+                except NotAcquired:
+                    if kind == "lock":
+                        refused = (name, chosen[0], asked, world.clock.now)
+                        world.history.locks_refused.append(refused)
+                    raise
+                finally:
+                    attempt = (name, chosen[0], asked, world.clock.now)
+                    world.history.lock_attempts.append(attempt)
         except NotAcquired:
             world.history.refusals += 1
             return
@@ -342,11 +354,14 @@ def lock_workload(world: World) -> None:
         options: dict[str, Any] = {"ttl": cfg.ttl, "server_timeout": cfg.server_timeout}
         for key in keys:
             lock = fl.Lock(world.urls, key, **options, fair=cfg.primitives == ("fair",))
+            asked = world.clock.now
             try:
                 lease = await lock.acquire(wait=wait)
             except (NotAcquired, Unavailable) as exc:
                 world.history.liveness.append(f"{key}: {type(exc).__name__}: {exc}")
                 continue
+            finally:
+                world.history.lock_attempts.append(("probe", key, asked, world.clock.now))
             await lease.release()
         if "rwlock" in cfg.primitives:  # a writer: no reader nor writer left behind
             try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import heapq
+import math
 import random
 import secrets
 from collections.abc import Callable
@@ -86,6 +87,23 @@ class Grant:
 
 
 @dataclass
+class Loss:
+    """A lease reported lost (its ``on_lost`` callbacks ran at ``at``, true time)."""
+
+    client: str
+    key: str
+    token: str
+    at: float
+    reason: str
+    deadline: float  # the lease's local deadline then (true time: the clients' clocks are)
+    granted: float = 0.0  # when its acquire() returned
+    # servers on which its key held its token, unexpired, at ``at``, and on which no script
+    # that may write the key (any but extend or release) ran with the token after the grant:
+    # so they held it since before the grant returned, and answered "ours" to any extend
+    held: int = 0
+
+
+@dataclass
 class History:
     grants: list[Grant] = field(default_factory=list)
     refusals: int = 0  # NotAcquired
@@ -122,6 +140,12 @@ class History:
     foreign: list[str] = field(default_factory=list)
     # the fenced store's write attempts, in the order it ran them (``--store``: tools/sim/store.py)
     store_writes: list[Any] = field(default_factory=list)
+    # every loss a lease reported (its on_lost callbacks ran): ``honest_loss`` reads them
+    losses: list[Loss] = field(default_factory=list)
+    # every Lock/MultiLock acquire on a lock key: (who, key, asked, returned) true times; and
+    # a Lock's acquire() that raised NotAcquired: (who, key, asked, refused) (``lock_when_free``)
+    lock_attempts: list[tuple[str, str, float, float]] = field(default_factory=list)
+    locks_refused: list[tuple[str, str, float, float]] = field(default_factory=list)
 
     def quiet(self, since: float, until: float) -> bool:
         """No fault window meets [since, until]."""
@@ -132,6 +156,21 @@ class History:
 
     def clock_broken(self, since: float, until: float) -> bool:
         return any(since <= t <= until for t in self.clock_breaks)
+
+
+class _Ran(set[tuple[bytes, bytes]]):
+    """A server's record of the scripts it ran ((sha, ARGV[1])), with when each last ran
+    (true time) in ``last``, one dict per server."""
+
+    def __init__(self, clock: Clock, every: list[dict[bytes, dict[bytes, float]]]) -> None:
+        super().__init__()
+        self.clock = clock
+        self.last: dict[bytes, dict[bytes, float]] = {}  # ARGV[1] -> sha -> when it last ran
+        every.append(self.last)
+
+    def add(self, item: tuple[bytes, bytes]) -> None:
+        super().add(item)
+        self.last.setdefault(item[1], {})[item[0]] = self.clock.now
 
 
 class ServerClock:
@@ -330,8 +369,9 @@ class World:
             BY_NAME[name].sha.encode()
             for name in ("acquire", "fair_acquire", "rw_read_acquire", "rw_write_acquire")
         )
+        self._ran_at: list[dict[bytes, dict[bytes, float]]] = []
         for server in self.servers:
-            server.ran = set()
+            server.ran = _Ran(self.clock, self._ran_at)
         self.paused: list[float] = [0.0] * config.servers  # paused until (true time)
         self._pending_up: list[list[tuple[_Conn, bytes]]] = [[] for _ in self.servers]
         self.conns: list[_Conn] = []
@@ -403,6 +443,41 @@ class World:
     def at(self, when: float, action: Callable[[], None]) -> None:
         self._seq += 1
         heapq.heappush(self._events, (when, self._seq, action))
+
+    def lease_lost(self, grant: Grant, lease: Any) -> None:
+        """A lease's ``on_lost`` callback: record the loss with what the servers hold now
+        (``honest_loss``). Call it from the callback (each granted() of a workload does)."""
+        from fencelock._scripts import BY_NAME
+
+        names = ("extend", "rw_read_extend", "release", "fair_release", "fair_leave")
+        names += ("rw_read_release", "rw_write_release")
+        quiet_shas = {BY_NAME[name].sha.encode() for name in names}
+        now = self.clock.now
+        key = f"fencelock:{{{grant.key}}}".encode()
+        token = grant.token.encode()
+        held = 0
+        for index, server in enumerate(self.servers):
+            if server.data.get(key) != token:
+                continue
+            expiry = server.expires.get(key)
+            if expiry is not None and expiry <= math.floor(self.clocks[index]() * 1000.0):
+                continue
+            ran = self._ran_at[index].get(token, {})
+            if any(t >= grant.at and sha not in quiet_shas for sha, t in ran.items()):
+                continue
+            held += 1
+        self.history.losses.append(
+            Loss(
+                grant.client,
+                grant.key,
+                grant.token,
+                now,
+                str(lease.lost_reason),
+                float(lease.deadline),
+                grant.at,
+                held,
+            )
+        )
 
     def note(self, text: str) -> None:
         if len(self.history.trace) < 5000:
