@@ -58,6 +58,9 @@ FAMILY_MIXES = (
 FAMILY_SHARE = 0.25
 # --reentrant-hold: a share of the schedules takes one of these mixes instead (a draw of its
 # own, and only with the flag: without it every seed is the schedule it was)
+#: what a task takes in them: a reentrant Lock re-entered by its task, ``async with
+#: lock.hold()``, ``async with sem.hold()`` (tools/sim/workloads.py)
+HOLD_KINDS = ("reentrant", "hold", "semhold")
 HOLD_MIXES = (
     ("reentrant",),
     ("reentrant", "lock"),
@@ -301,7 +304,7 @@ def search(
         "seeds": [first, seed - 1],
         "faults": faults,
         "properties": list(PROPERTIES),
-        "primitives": list(PRIMITIVES),
+        "primitives": [*PRIMITIVES, *(HOLD_KINDS if REENTRANT_HOLD[0] else ())],
         "violations": found,
         "mutants": [],
     }

@@ -96,3 +96,17 @@ def test_a_reentrancy_shared_by_the_tasks_of_a_process_is_caught(tmp_path: Path)
     mutated = _replay(69, "--reentrant-hold", src=src)
     assert mutated.returncode == 1
     assert "VIOLATION mutual_exclusion: k0:" in mutated.stdout
+
+
+def test_a_search_with_the_flag_lists_the_kinds_it_draws() -> None:
+    import json
+
+    run = subprocess.run(
+        [*SIMULATE, "--seconds", "30", "--seed", "21", "--max-schedules", "1",
+         "--reentrant-hold", "--json"],
+        capture_output=True, text=True, timeout=180, env=_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    report = json.loads(run.stdout)
+    assert report["primitives"][-3:] == ["reentrant", "hold", "semhold"]
+    assert report["violations"] == []

@@ -21,10 +21,6 @@ from .loop import SimLoop
 from .world import DRIFT_FACTOR, MIN_EXTEND, Grant, World, _close_loop
 
 PRIMITIVES = ("lock", "semaphore", "multilock", "rwlock", "election", "fair")
-#: What a task may also take with ``--reentrant-hold`` (tools/simulate.py): a reentrant Lock
-#: re-entered by its task ("reentrant"), ``async with lock.hold()`` ("hold") and
-#: ``async with sem.hold()`` ("semhold"), each held past its ttl on the renewals of hold()
-HOLD_KINDS = ("reentrant", "hold", "semhold")
 
 
 def lock_workload(world: World) -> None:
