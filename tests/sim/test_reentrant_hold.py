@@ -110,3 +110,14 @@ def test_a_search_with_the_flag_lists_the_kinds_it_draws() -> None:
     report = json.loads(run.stdout)
     assert report["primitives"][-3:] == ["reentrant", "hold", "semhold"]
     assert report["violations"] == []
+
+
+def test_a_task_cancelled_while_re_entered_frees_the_key() -> None:
+    """Seed 200649 (with ``--cancel``) found a simulator artefact: a task cancelled while it
+    had re-entered its lock released only the outermost acquisition (which then just counts
+    down), so the key stayed behind a release the trace called confirmed
+    (confirmed_release_applied). Nested ``async with`` blocks release innermost first."""
+    run = _replay(200649, "--cancel", "--reentrant-hold")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+    assert re.search(r"cancel \S+ \(hold\)", run.stdout)

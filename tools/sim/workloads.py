@@ -218,14 +218,28 @@ def lock_workload(world: World) -> None:
             await ended(name, grant, outer, lost_at)
         except (LockLost, Unavailable) as exc:  # an inner release of a lost lease
             world.note(f"{name} leaving {key}: {type(exc).__name__}")
-            if grant.ended is None:
-                await ended(name, grant, outer, lost_at)
+            await unwind(name, inner, grant, outer, lost_at)
         except asyncio.CancelledError:
             if name not in world.cancelled:
                 raise
-            if grant.ended is None:
-                await ended(name, grant, outer, lost_at)
+            # on the way out of nested ``async with`` blocks: the inner acquisitions still
+            # open are released first, innermost first, then the outermost (the only one
+            # that frees the key; releasing it first would only count down)
+            await unwind(name, inner, grant, outer, lost_at)
             raise
+
+    async def unwind(
+        name: str, inner: list[fl.Lease], grant: Grant, outer: fl.Lease, lost_at: list[float]
+    ) -> None:
+        """Release what a reentrant task still holds, innermost first."""
+        while inner:
+            entered = inner.pop()
+            try:
+                await entered.release()
+            except (LockLost, Unavailable) as exc:
+                world.note(f"{name} leaving {grant.key}: {type(exc).__name__}")
+        if grant.ended is None:
+            await ended(name, grant, outer, lost_at)
 
     async def held_block(name: str, kind: str) -> None:
         """``async with lock.hold() as lease`` (or ``sem.hold()``): the body awaits in
