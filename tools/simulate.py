@@ -56,6 +56,20 @@ FAMILY_MIXES = (
     ("fair",),
 )
 FAMILY_SHARE = 0.25
+# --reentrant-hold: a share of the schedules takes one of these mixes instead (a draw of its
+# own, and only with the flag: without it every seed is the schedule it was)
+#: what a task takes in them: a reentrant Lock re-entered by its task, ``async with
+#: lock.hold()``, ``async with sem.hold()`` (tools/sim/workloads.py)
+HOLD_KINDS = ("reentrant", "hold", "semhold")
+HOLD_MIXES = (
+    ("reentrant",),
+    ("reentrant", "lock"),
+    ("hold",),
+    ("hold", "lock"),
+    ("semhold", "semaphore"),
+    ("reentrant", "hold"),
+)
+HOLD_SHARE = 0.5
 
 
 def config_for(seed: int) -> Config:
@@ -91,6 +105,9 @@ def config_for(seed: int) -> Config:
     fork = random.Random(seed * 7919 + 4)
     if fork.random() < FORK_SHARE:
         config.forks = fork.randint(1, 2)
+    held = random.Random(seed * 7919 + 5)
+    if REENTRANT_HOLD[0] and held.random() < HOLD_SHARE:
+        config.primitives = held.choice(HOLD_MIXES)
     return config
 
 
@@ -130,6 +147,11 @@ FORK = [False]
 #: (a seed runs the same steps with it), off by default all the same (its writes are traced)
 STORE = [False]
 
+#: --reentrant-hold: HOLD_SHARE of the schedules take a HOLD_MIXES mix (a reentrant Lock
+#: re-entered by its task, ``lock.hold()``, ``sem.hold()``); off by default, so a seed replays
+#: as it always did and the mutants keep their catching seeds
+REENTRANT_HOLD = [False]
+
 
 def replay_flags() -> str:
     """The flags a violation's replay needs beyond its seed (the search's own)."""
@@ -137,6 +159,7 @@ def replay_flags() -> str:
     flags += " --cancel" if CANCEL[0] else ""
     flags += " --fork" if FORK[0] else ""
     flags += " --store" if STORE[0] else ""
+    flags += " --reentrant-hold" if REENTRANT_HOLD[0] else ""
     return flags + (" --front sync" if FRONT[0] == "sync" else "")
 
 
@@ -291,7 +314,7 @@ def search(
         "seeds": [first, seed - 1],
         "faults": faults,
         "properties": list(PROPERTIES),
-        "primitives": list(PRIMITIVES),
+        "primitives": [*PRIMITIVES, *(HOLD_KINDS if REENTRANT_HOLD[0] else ())],
         "violations": found,
         "mutants": [],
         **({"store": store} if STORE[0] else {}),
@@ -510,6 +533,15 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
+        "--reentrant-hold",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=(
+            "in some schedules the tasks re-enter a reentrant Lock or hold a lock or permit "
+            "with hold() past its ttl (default: off; with --mutants: the unmutated run only)"
+        ),
+    )
+    parser.add_argument(
         "--front",
         choices=("asyncio", "sync"),
         default="asyncio",
@@ -530,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     FORK[0] = args.fork
     STORE[0] = args.store
     FRONT[0] = args.front
+    REENTRANT_HOLD[0] = args.reentrant_hold
+    if args.front == "sync" and args.reentrant_hold:
+        parser.error("--reentrant-hold draws asyncio workloads (not with --front sync)")
     if args.front == "sync" and (args.fork or args.cancel):
         parser.error("--fork and --cancel are asyncio faults (the sync front has interrupts)")
     import logging
@@ -571,9 +606,10 @@ def main(argv: list[str] | None = None) -> int:
         clean = first if clean_first is None else clean_first
         print(
             f"unmutated: seeds from {clean}"
-            + (" with" if CANCEL[0] or FORK[0] else "")
+            + (" with" if CANCEL[0] or FORK[0] or REENTRANT_HOLD[0] else "")
             + (" --cancel" if CANCEL[0] else "")
             + (" --fork" if FORK[0] else "")
+            + (" --reentrant-hold" if REENTRANT_HOLD[0] else "")
             + f" (replay one: python tools/simulate.py --replay SEED{replay_flags()})",
             file=sys.stderr,
             flush=True,

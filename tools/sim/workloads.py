@@ -154,6 +154,159 @@ def lock_workload(world: World) -> None:
                 state[0].release = "LockLost"
             world.note(f"{name} lost e0")
 
+    async def reentrant(name: str) -> None:
+        """A task that takes a reentrant Lock (``reentrant=True``: the owner is the task) and
+        re-enters it 1-3 times, through the same Lock object or a new one for the same key
+        (as a nested call builds its own), then releases the inner acquisitions in order,
+        holding on a while after each (an inner release that freed the key would let a
+        contender in: mutual_exclusion), then the outermost one. Only the outermost is a
+        grant: a re-entry is the same lease (same token and fence), not a second holder; the
+        other tasks of the job and the other processes contend as separate owners."""
+        rng = world.rng
+        options = {"ttl": cfg.ttl, "wait": cfg.wait, "server_timeout": cfg.server_timeout}
+        key = rng.choice(keys)
+        lock = fl.Lock(world.urls, key, **options, reentrant=True)
+        # (staggered: a task of the job may ask while another one holds and re-enters)
+        await asyncio.sleep(rng.uniform(0.0, cfg.hold_max))
+        asked = world.clock.now
+        world.phase[name] = "acquire reentrant"
+        try:
+            outer = await lock.acquire()
+        except NotAcquired:
+            world.history.refusals += 1
+            return
+        except Unavailable:
+            world.history.unavailable += 1
+            return
+        finally:  # an attempt on the key: lock_when_free holds no refusal during it against it
+            world.history.lock_attempts.append((name, key, asked, world.clock.now))
+        grant, lost_at = granted(name, key, outer, asked)
+        world.phase[name] = "hold"
+        inner: list[fl.Lease] = []
+        try:
+            if cfg.renew:
+                outer.keep_alive()
+            for _ in range(rng.randrange(1, 4)):
+                await asyncio.sleep(rng.uniform(0.0, cfg.hold_max / 3))
+                again = (
+                    lock
+                    if rng.random() < 0.5
+                    else fl.Lock(world.urls, key, **options, reentrant=True)
+                )
+                world.phase[name] = "re-enter"
+                try:
+                    if rng.random() < 0.3:  # one attempt: the owner's own entry, never None
+                        entered = await again.try_acquire()
+                    else:
+                        entered = await again.acquire()
+                except LockLost as exc:  # the lease ran out under the owner: refused
+                    world.note(f"{name} re-entering {key}: LockLost ({exc})")
+                    break
+                finally:
+                    world.phase[name] = "hold"
+                if entered is None or (entered.token, entered.fence) != (
+                    outer.token,
+                    outer.fence,
+                ):
+                    what = "None" if entered is None else f"fence {entered.fence}"
+                    world.history.errors.append(
+                        f"{name}: re-entering {key} (fence {outer.fence}) gave {what}"
+                    )
+                    break
+                inner.append(entered)
+                world.note(f"{name} re-entered {key} fence {entered.fence} depth {entered.depth}")
+            await hold(outer, name, grant)
+            while inner:
+                entered = inner.pop()
+                world.phase[name] = "leave"
+                await entered.release()  # counts down: frees nothing
+                world.note(f"{name} left {key} depth {len(inner) + 1} (the outer one holds on)")
+                world.phase[name] = "hold"
+                await asyncio.sleep(rng.uniform(0.0, cfg.hold_max / 3))
+            await ended(name, grant, outer, lost_at)
+        except (LockLost, Unavailable) as exc:  # an inner release of a lost lease
+            world.note(f"{name} leaving {key}: {type(exc).__name__}")
+            await unwind(name, inner, grant, outer, lost_at)
+        except asyncio.CancelledError:
+            if name not in world.cancelled:
+                raise
+            # on the way out of nested ``async with`` blocks: the inner acquisitions still
+            # open are released first, innermost first, then the outermost (the only one
+            # that frees the key; releasing it first would only count down)
+            await unwind(name, inner, grant, outer, lost_at)
+            raise
+
+    async def unwind(
+        name: str, inner: list[fl.Lease], grant: Grant, outer: fl.Lease, lost_at: list[float]
+    ) -> None:
+        """Release what a reentrant task still holds, innermost first."""
+        while inner:
+            entered = inner.pop()
+            try:
+                await entered.release()
+            except (LockLost, Unavailable) as exc:
+                world.note(f"{name} leaving {grant.key}: {type(exc).__name__}")
+        if grant.ended is None:
+            await ended(name, grant, outer, lost_at)
+
+    async def held_block(name: str, kind: str) -> None:
+        """``async with lock.hold() as lease`` (or ``sem.hold()``): the body awaits in
+        steps for 1-2.5 ttls, so only hold()'s renewals keep the lease (each one seen is
+        noted); a loss cancels the body and the block raises LockLost. Its grant ends as the
+        body does (the release is the block's: its outcome is not reported)."""
+        rng = world.rng
+        options = {"ttl": cfg.ttl, "wait": cfg.wait, "server_timeout": cfg.server_timeout}
+        asked = world.clock.now
+        state: list[Grant] = []
+        key = "s0" if kind == "semhold" else rng.choice(keys)
+        world.phase[name] = f"acquire {kind}"
+        try:
+            if kind == "semhold":
+                sem = fl.Semaphore(world.urls, "s0", cfg.limit, **options)
+                block: Any = sem.hold(wait=cfg.wait)
+            else:
+                block = fl.Lock(world.urls, key, **options).hold(wait=cfg.wait)
+            async with block as lease:
+                if kind == "semhold":
+                    key = f"sem/slot{lease.slot}"
+                    world.history.permit_attempts.append((name, asked, world.clock.now))
+                grant, lost_at = granted(name, key, lease, asked)
+                state.append(grant)
+                world.phase[name] = "hold"
+                seen = lease.deadline
+                steps = rng.randrange(2, 6)
+                span = rng.uniform(1.0, 2.5) * cfg.ttl
+                try:
+                    for _ in range(steps):
+                        await asyncio.sleep(span / steps)
+                        if lease.deadline > seen:
+                            seen = lease.deadline
+                            world.note(f"{name} hold of {key} renewed: until {seen - 1000:.4f}")
+                finally:
+                    world.phase[name] = "release"
+                    grant.deadline = min(lease.deadline, *lost_at) if lost_at else lease.deadline
+                    grant.ended = world.clock.now
+                    grant.lease = None
+                    grant.lost_reason = lease.lost_reason
+            grant.release = "left"
+            world.note(f"{name} left the hold of {key}")
+        except NotAcquired:
+            world.history.refusals += 1
+            if kind == "semhold":
+                world.history.permits_refused.append((name, asked, world.clock.now))
+                world.history.permit_attempts.append((name, asked, world.clock.now))
+        except Unavailable:
+            world.history.unavailable += 1
+            if kind == "semhold" and not state:
+                world.history.permit_attempts.append((name, asked, world.clock.now))
+        except LockLost:
+            if state:
+                state[0].release = "LockLost"
+            world.note(f"{name} lost the hold of {key}")
+        finally:  # an attempt on the key (the whole block: lock_when_free holds none against it)
+            if kind == "hold":
+                world.history.lock_attempts.append((name, key, asked, world.clock.now))
+
     async def task(client: str, number: int, t: int) -> None:
         """One task of a job; a cancel_task fault's CancelledError ends it (recorded), any
         other goes on (the loop closing)."""
@@ -178,6 +331,12 @@ def lock_workload(world: World) -> None:
         asked = world.clock.now
         if kind == "election":
             await campaign(name)
+            return
+        if kind == "reentrant":
+            await reentrant(name)
+            return
+        if kind in ("hold", "semhold"):
+            await held_block(name, kind)
             return
         granted_as = kind if kind == "fair" else "lock"
         world.phase[name] = f"acquire {kind}"
