@@ -912,7 +912,9 @@ class World:
         elif kind == "delay_spike":
             self.spike_max = rng.uniform(0.05, 0.5)
             self.spike_until = self.clock.now + rng.uniform(0.2, 1.0)
-            self._fault_until(self.spike_until)
+            # (its effect lasts until the last message it delayed arrives: one sent as the
+            # spike ends takes up to spike_max; seed 205015)
+            self._fault_until(self.spike_until + self.spike_max)
             self.note(f"delay spike to {self.spike_max:.3f} s until {self.spike_until - 1000:.3f}")
         elif kind == "script_flush":  # SCRIPT FLUSH (or a failover to a cold replica)
             index = rng.randrange(n)
