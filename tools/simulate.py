@@ -606,10 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         clean = first if clean_first is None else clean_first
         print(
             f"unmutated: seeds from {clean}"
-            + (" with" if CANCEL[0] or FORK[0] or REENTRANT_HOLD[0] else "")
-            + (" --cancel" if CANCEL[0] else "")
-            + (" --fork" if FORK[0] else "")
-            + (" --reentrant-hold" if REENTRANT_HOLD[0] else "")
+            + (f" with{replay_flags()}" if replay_flags() else "")
             + f" (replay one: python tools/simulate.py --replay SEED{replay_flags()})",
             file=sys.stderr,
             flush=True,
