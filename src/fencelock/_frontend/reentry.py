@@ -157,9 +157,14 @@ class HeldBase:
         return True
 
     def __getattr__(self, name: str) -> Any:
+        if name in HeldBase.__slots__:  # a bare instance (being copied): nothing to follow yet
+            raise AttributeError(name)
         return getattr(self._entry.lease, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in HeldBase.__slots__:  # (a copy filling in its own state)
+            object.__setattr__(self, name, value)
+            return
         if name in self._OUTER_ONLY and not self._outer:
             return  # an inner hold() must not take the outer one's body away
         setattr(self._entry.lease, name, value)
