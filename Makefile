@@ -26,7 +26,7 @@ chaos-long:
 # The deterministic simulation (docs/testing.md): CI's check (the unmutated code over seeds
 # 1-800, then every mutant from seed 1 until caught), and an hour of fresh seeds.
 sim:
-	$(PY) tools/simulate.py --mutants --seed 1 --clean-seed random --cancel --fork --store --max-schedules 800 --seconds 900
+	$(PY) tools/simulate.py --mutants --seed 1 --clean-seed random --cancel --fork --store --reentrant-hold --max-schedules 800 --seconds 900
 
 sim-long:
-	$(PY) tools/simulate.py --seconds 3600 --cancel --fork --store --json > sim-long.json
+	$(PY) tools/simulate.py --seconds 3600 --cancel --fork --store --reentrant-hold --json > sim-long.json

@@ -121,3 +121,15 @@ def test_a_task_cancelled_while_re_entered_frees_the_key() -> None:
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
     assert re.search(r"cancel \S+ \(hold\)", run.stdout)
+
+
+def test_a_fork_while_a_re_entered_lock_is_held_replays_clean_seed_9000007() -> None:
+    """Seed 9000007 (``--cancel --fork --reentrant-hold``) forks a process whose task holds a
+    re-entered lock: the child inherits the view, which the world could not copy (the library's
+    view recursed without end under ``copy``) nor register (a view is not the lease the library
+    tracks): the search died there. Now the child's inherited lease is lost (fork) and the
+    schedule runs clean."""
+    done = _replay(9000007, "--cancel", "--fork", "--reentrant-hold")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"fork client process c0 -> c0f0 .*inheriting c0/j1/t0's k0", done.stdout)
+    assert "c0f0 inherited c0/j1/t0's k0 (fence 1007910871): lost (fork)" in done.stdout

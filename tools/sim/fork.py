@@ -356,7 +356,12 @@ class Forks:
         copied_state, copied = inherit((state, [g.lease for g in held]), orphan)
         # the child's memory is the parent's: its pid as the hook keeps it, its leases
         self.pid_slot[child] = self.conn_module._pid
-        self.live_slot[child] = weakref.WeakSet(copied)
+        # (a re-entered lock's view is not the lease the library registers: its shared one is)
+        from fencelock._frontend.reentry import HeldBase
+
+        self.live_slot[child] = weakref.WeakSet(
+            x._entry.lease if isinstance(x, HeldBase) else x for x in copied
+        )
         world._states[child] = list(copied_state)
         self.pid_of(child)
         world.switch(child)
