@@ -121,3 +121,16 @@ def test_a_free_permit_is_granted_while_won_rounds_late_grants_linger_seed_10042
     run = _replay("100427", "--plan", "jobs=2,renew=0,faults=-")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
+
+
+def test_a_renewal_of_unknown_outcome_bounds_an_extend_it_overlapped_seed_9501150() -> None:
+    """Found by the sync front's search: c2's user extend(2.219 s) and a keep_alive renewal
+    (2 s, started later, on another connection) overlap; the server applies the renewal's
+    PEXPIRE last, its reply is dropped (unknown outcome, applied first), then the extend's
+    confirmed reply set the deadline 0.2 s past the key (``lease_within_keys``). A round's
+    bound now stays on every round that was in flight when it was applied
+    (``_frontend/lease.py``, ``_forget_round``)."""
+    run = _replay("9501150", "--store")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+    assert "c2/j0/t1 extended to 2.219 s: until 3.8819" in run.stdout

@@ -197,3 +197,42 @@ def test_a_renewal_in_flight_does_not_overwrite_a_users_later_extend_on_the_leas
     assert lease._renewed(renewal) is not None
     assert lease.deadline == after_extend
     assert not lease.lost.is_set()
+
+
+def test_a_renewal_applied_first_still_bounds_a_users_extend_it_overlapped() -> None:
+    """Seed 9501150 of the sync front: the user's extend(20 s) is sent, then a renewal (ttl
+    10 s) on another connection; the servers apply the renewal's PEXPIRE last, its reply is
+    lost (unknown outcome) and applied first, then the extend's confirmed reply. The key
+    lives 10 s from the renewal, so the lease is valid no longer than that."""
+    lease = _lease()
+    lease._every_s = 3.0
+    plan = lease._definition.plan
+    users_flow = lease._extend_flow(20.0)
+    renewal_flow = lease._renew_flow()
+    t = time.monotonic()
+    users = run(users_flow, [t, t + 0.03], [OK])
+    renewal = run(renewal_flow, [t + 0.01, t + 0.01, t + 0.02, t + 0.02], [TimeoutError()])
+    assert isinstance(renewal, RenewStep) and renewal.extension is not None
+    assert renewal.extension.outcome is ExtendOutcome.UNKNOWN
+    assert lease._renewed(renewal) is not None
+    lease._extended(users)
+    assert lease.deadline <= t + 0.01 + 10.0 - plan.drift_ms(10_000) / 1000
+    assert not lease.lost.is_set()
+
+
+def test_a_round_applied_before_another_was_sent_does_not_bound_it() -> None:
+    """The bound of a round applied while another was in flight lasts only until that other
+    round is applied: an extend sent afterwards moves the deadline as far as it gives."""
+    lease = _lease()
+    lease._every_s = 3.0
+    plan = lease._definition.plan
+    first_flow = lease._extend_flow(20.0)
+    renewal_flow = lease._renew_flow()
+    t = time.monotonic()
+    renewal = run(renewal_flow, [t + 0.01, t + 0.01, t + 0.02, t + 0.02], [TimeoutError()])
+    assert lease._renewed(renewal) is not None
+    lease._extended(run(first_flow, [t, t + 0.03], [OK]))
+    later = lease._extend_flow(30.0)
+    u = time.monotonic()
+    lease._extended(run(later, [u, u + 0.01], [OK]))
+    assert lease.deadline == pytest.approx(u + 30.0 - plan.drift_ms(30_000) / 1000)

@@ -130,6 +130,9 @@ class LeaseState:
         # rounds sent whose reply is not applied yet: (taken at, deadline it may give); their
         # PEXPIRE may land after another round's, so the lease is valid no longer than any
         self._open: list[tuple[float, float]] = []
+        # rounds whose reply was applied while others were still in flight: (taken at, span,
+        # applied at); their PEXPIRE may have landed after those others' (another connection)
+        self._overlapped: list[tuple[float, float, float]] = []
         self._waiter = grant.waiter
         self._after_wake = grant.after_wake  # rounds after the wake-up (bench: claim_rtts)
         self.lost_reason: str | None = None
@@ -231,7 +234,7 @@ class LeaseState:
         except BaseException:
             with self._state:
                 if entry in self._open:
-                    self._open.remove(entry)
+                    self._forget_round(entry, time.monotonic())
                     self._deadline = min(self._deadline, entry[0] + entry[1])
             raise
         return result
@@ -239,13 +242,27 @@ class LeaseState:
     def _close_round(self, start: float | None, span: float | None) -> None:
         """Under the state lock, once a round's reply is applied: forget its entry (the one
         of its ``span`` taken latest, no later than its ``start``), then keep the deadline
-        within the rounds still open."""
+        within the rounds still open, and within those applied while this one was in flight
+        (their PEXPIRE may have landed after this one's)."""
         if start is not None and span is not None:
             mine = [e for e in self._open if e[0] <= start and abs(e[1] - span) < 1e-9]
             if mine:
-                self._open.remove(max(mine))
+                self._forget_round(max(mine), time.monotonic())
         for taken, open_span in self._open:
             self._deadline = min(self._deadline, taken + open_span)
+
+    def _forget_round(self, entry: tuple[float, float], now: float) -> None:
+        """Under the state lock: ``entry``'s round is applied at ``now``. Rounds still in flight
+        (on other connections) may land before it, so its bound stays on them until each is
+        applied (a renewal's PEXPIRE of unknown outcome landing after a user's longer extend
+        that is confirmed later: seed 9501150 of the sync front)."""
+        for taken, span, applied in self._overlapped:
+            if entry[0] <= applied:  # ``entry`` was in flight when that round was applied
+                self._deadline = min(self._deadline, taken + span)
+        self._open.remove(entry)
+        if self._open:
+            self._overlapped.append((entry[0], entry[1], now))
+        self._overlapped = [o for o in self._overlapped if any(e[0] <= o[2] for e in self._open)]
 
     def _deadline_lowered(self) -> None:
         """The deadline moved earlier: the front end's deadline timer follows it."""
