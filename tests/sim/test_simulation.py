@@ -223,3 +223,19 @@ def test_a_seed_of_each_new_primitive_runs_clean(seed: int, kinds: list[str]) ->
     assert "VIOLATION" not in run.stdout
     for kind in kinds:
         assert f" {kind} fence " in run.stdout, kind
+
+
+def test_a_hand_over_claimed_after_a_pause_counts_a_wiped_restart_from_its_ask() -> None:
+    """Seed 12002425 (``--cancel --fork --store --reentrant-hold``, one server): c0's acquire
+    waits for c1's release; its process is paused (0.33 to 3.76 s); the hand-over is granted on
+    the server at 0.66, the server is wiped at 3.35, and c0 claims the lease only after its
+    pause (3.77), valid until 3.98 from the server's grant. The key it counts on was written
+    before the wipe: the documented limit of a wiped restart (one server), which
+    ``lease_within_keys`` excuses from the grant's ask, not only from its claim."""
+    run = subprocess.run(
+        [*SIMULATE, "--replay", "12002425", "--cancel", "--fork", "--store", "--reentrant-hold"],
+        capture_output=True, text=True, timeout=120, env=_env(),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "crash sim0 (wiped)" in run.stdout
+    assert "c0/j0/t0 granted k0 fence 1000660089 until 3.9793" in run.stdout

@@ -854,8 +854,11 @@ class World:
                 continue
             since = grant.start or grant.at
             # (a hand-over's lease counts from its claim: its key was set up to a lease
-            # before, so a clock break counts from then)
-            if any(since <= t <= now for t in history.wiped_at) or history.clock_broken(
+            # before, so a clock break counts from then; and a wiped restart from the ask:
+            # a hand-over granted while its process was paused is claimed only after the
+            # pause, its key written long before, seed 12002425)
+            wiped_since = min(since, grant.asked) if grant.asked else since
+            if any(wiped_since <= t <= now for t in history.wiped_at) or history.clock_broken(
                 since - self.config.ttl, now
             ):
                 continue
