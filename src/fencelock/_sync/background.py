@@ -77,9 +77,11 @@ class Straggler:
 
     #: when (monotonic s) its server counts as suspect if it has not answered
     suspect_at: float
-    #: the round: its script, keys and args are the call's; a NOSCRIPT is answered with the
-    #: full script while its ``land`` holds (read when the NOSCRIPT comes: the flow turns it
-    #: off once it gave the round up)
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[str | int, ...]
+    #: the round: a NOSCRIPT is answered with the full script while its ``land`` holds (read
+    #: when the NOSCRIPT comes: the flow turns it off once it gave the round up)
     effect: Broadcast
     #: the WAIT sent after the script (replicas=k), or nothing
     tail: bytes = b""
@@ -91,18 +93,6 @@ class Straggler:
     #: the reply (a given-up attempt's late grant is released, see :func:`heard_late`)
     index: int = -1
     servers: tuple[Server, ...] = ()
-
-    @property
-    def script(self) -> str:
-        return self.effect.script
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return self.effect.keys
-
-    @property
-    def args(self) -> tuple[str | int, ...]:
-        return self.effect.args
 
 
 class _StragglerJob(_Job):

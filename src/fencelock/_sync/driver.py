@@ -764,6 +764,9 @@ class Driver:
         effect = round_.effect
         straggler = Straggler(
             suspect_at=suspect_at,
+            script=effect.script,
+            keys=effect.keys,
+            args=effect.args,
             effect=effect,
             tail=call.tail,
             own=call.own,
