@@ -77,11 +77,9 @@ class Straggler:
 
     #: when (monotonic s) its server counts as suspect if it has not answered
     suspect_at: float
-    script: str
-    keys: tuple[str, ...]
-    args: tuple[str | int, ...]
-    #: the round: a NOSCRIPT is answered with the full script while its ``land`` holds (read
-    #: when the NOSCRIPT comes: the flow turns it off once it gave the round up)
+    #: the round: its script, keys and args are the call's; a NOSCRIPT is answered with the
+    #: full script while its ``land`` holds (read when the NOSCRIPT comes: the flow turns it
+    #: off once it gave the round up)
     effect: Broadcast
     #: the WAIT sent after the script (replicas=k), or nothing
     tail: bytes = b""
@@ -89,6 +87,18 @@ class Straggler:
     own: int = 1
     #: the call went after ASKING (a cluster's ASK redirect)
     asking: bool = False
+
+    @property
+    def script(self) -> str:
+        return self.effect.script
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.effect.keys
+
+    @property
+    def args(self) -> tuple[str | int, ...]:
+        return self.effect.args
 
 
 class _StragglerJob(_Job):

@@ -754,9 +754,6 @@ class Driver:
                 selector.unregister(fd)
             straggler = Straggler(
                 suspect_at=round_.deadline,
-                script=effect.script,
-                keys=effect.keys,
-                args=effect.args,
                 effect=effect,
                 tail=call.tail,
                 own=call.own,
