@@ -128,7 +128,13 @@ def test_an_observer_blocked_where_the_leader_lost_the_race_is_still_woken(
     watcher.start()
     try:
         assert started.wait(BOUND)
-        time.sleep(0.1)  # the observer blocks on its wake list on the first server
+        # the observer blocks on its wake list on the first server: wait until it does (a
+        # fixed 0.1 s was not always enough on a loaded machine, where the wake-up then came
+        # before the observer was listening)
+        blocked_by = time.monotonic() + BOUND
+        while not any("b" in c.get("flags", "") for c in other.client_list()):
+            assert time.monotonic() < blocked_by, "the observer never blocked on its wake list"
+            time.sleep(0.01)
         with client.election(key, name="a").campaign(wait=1) as term:
             # the term lasts until the observer saw it (bounded): a read that comes after a
             # term ended may skip it, as documented, and a loaded machine can delay the read
