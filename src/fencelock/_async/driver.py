@@ -253,13 +253,22 @@ class _Round:
     are stragglers (bounded, see :meth:`AsyncDriver._park`)."""
 
     def __init__(
-        self, effect: fx.Broadcast, deadline: float, encoder: Calls, timeout_s: float
+        self,
+        effect: fx.Broadcast,
+        deadline: float,
+        encoder: Calls,
+        timeout_s: float,
+        servers: tuple[Server, ...] = (),
     ) -> None:
         self.effect = effect
+        self.servers = servers  # the driver's, which a late Repeat's targets index
         self.encoder = encoder
         self.deadline = deadline
         self.timeout_s = timeout_s
         self.open: dict[_Call, None] = {}  # insertion-ordered
+        # calls past the deadline (their vote: a timeout), still heard for GIVE_UP_S: a
+        # given-up attempt's grant that comes now is released (``effect.late``)
+        self.expired: dict[_Call, None] = {}
         # False once parked: a late NOSCRIPT runs in full only if effect.land (then, not at
         # parking time: a flow turns it off when it gives the round up)
         self.collecting = True
@@ -285,11 +294,16 @@ class _Round:
         call.conn.send(payload + call.tail, own, call)
 
     def replied(self, call: _Call, replies: list[object] | None, exc: BaseException | None) -> None:
-        if call not in self.open:  # timed out (its connection closed) or abandoned
+        if call not in self.open and call not in self.expired:  # abandoned
             return
         if replies is None:
             assert exc is not None
-            if self.collecting and isinstance(exc, Unsent) and time.monotonic() < self.deadline:
+            if (
+                self.collecting
+                and call in self.open
+                and isinstance(exc, Unsent)
+                and time.monotonic() < self.deadline
+            ):
                 # the shared connection broke before our request was written (the server
                 # cannot have read it): once more on a fresh one, as a task. A request that
                 # was written is never sent again: its outcome is unknown (maybe applied)
@@ -418,6 +432,8 @@ class _Round:
             # the connection broke before the request was written (a restarted server
             # closed it meanwhile, or it was given up): the server cannot have read it.
             # Anything else failing after the write leaves the outcome unknown: never re-sent
+            if call not in call.round.open:
+                raise  # past the deadline (expired): not sent at all
             call.conn.close()
             call.node.connection_failed()  # a restarted server: learn its new identity
             loop = asyncio.get_running_loop()
@@ -428,16 +444,27 @@ class _Round:
 
     def done(self, call: _Call, result: object, exc: BaseException | None) -> None:
         """A call ended: its vote (while collecting), and the collector woken if decided."""
-        if call not in self.open:
+        if call in self.open:
+            del self.open[call]
+            straggler = not self.collecting  # of a parked round
+        elif call in self.expired:
+            del self.expired[call]  # its vote was a timeout
+            straggler = True
+        else:
             return
-        del self.open[call]
-        if not self.collecting:  # a straggler of a parked round
+        if straggler:
             if call.suspect is not None:
                 call.suspect.cancel()
             if call.give_up is not None:
                 call.give_up.cancel()
             if exc is not None and not isinstance(exc, asyncio.CancelledError):
                 call.conn.close()  # (a given-up call's connection closes once unwanted)
+            late = self.effect.late
+            if exc is None and late is not None:
+                # a given-up attempt's grant heard only now: released there
+                repeat = late(call.index, result)
+                if repeat is not None:
+                    background().repeat(self.servers, repeat)
             return
         effect = self.effect
         if exc is not None:
@@ -456,6 +483,7 @@ class _Round:
     def fail(self, call: _Call, error: BaseException) -> None:
         """An unexpected error while handling a reply: the collector raises it."""
         self.open.pop(call, None)
+        self.expired.pop(call, None)
         call.conn.close()
         if self.collecting:
             self.error = error
@@ -464,13 +492,24 @@ class _Round:
         else:
             log.error("a straggler's reply could not be handled", exc_info=error)
 
+    def drop_expired(self, call: _Call) -> None:
+        """An expired call still silent GIVE_UP_S later: abandoned."""
+        if self.expired.pop(call, None) is not None:
+            call.abandon()
+
     def expire(self) -> None:
         """The deadline passed: every call still open is a TimeoutError vote (its outcome
-        unknown: the flow cleans up by token). Only this round's calls are given up."""
+        unknown: the flow cleans up by token). Only this round's calls are given up, after
+        GIVE_UP_S: a reply that comes before is given to the round's ``late`` (a given-up
+        attempt's grant that came after its cleanup is released there; simulation seed
+        205015), and a cleanup's release sent meanwhile on the shared connection follows
+        the call's request rather than overtake it on a new connection."""
         effect = self.effect
+        loop = asyncio.get_running_loop()
         for call in list(self.open):
             del self.open[call]
-            call.abandon()
+            self.expired[call] = None
+            call.give_up = loop.call_later(GIVE_UP_S, self.drop_expired, call)
             exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
             call.server.node_failed(call.node)
             _failed(call.server, exc, self.timeout_s)
@@ -633,7 +672,9 @@ class AsyncDriver:
         so every call is on its way even if the caller is cancelled next."""
         loop = asyncio.get_running_loop()
         tally = effect.tally
-        round_ = _Round(effect, time.monotonic() + effect.budget_s, self._calls, self.timeout_s)
+        round_ = _Round(
+            effect, time.monotonic() + effect.budget_s, self._calls, self.timeout_s, self.servers
+        )
         servers = self.servers
         skip = any(servers[i].health.suspect for i in effect.targets) and skip_suspects(
             tally, effect.targets, self._suspects()

@@ -37,6 +37,7 @@ from .effects import (
     Identify,
     Pause,
     Repeat,
+    Replicated,
     Settle,
     StopRule,
 )
@@ -239,7 +240,7 @@ def grant_attempt(
         # interrupted (a cancellation, a KeyboardInterrupt) or refused (ConfigError): the
         # cleanup is done before the exception goes on, within the round's budget, so that a
         # caller who goes on at once (a new acquire) finds what this attempt took released
-        give_up(grant_round)
+        give_up(grant_round, undo, token, classify)
         yield from clean_up(undo, token, heard, None)
         raise
     if decision.status is Status.GRANTED:
@@ -258,13 +259,13 @@ def grant_attempt(
     if decision.status is Status.GRANTED:
         deadline = start + (plan.ttl_ms - drift) / 1000.0
         return Attempt(Grant(token, decision.fence, start, deadline, slot), decision, view, heard)
-    give_up(grant_round)
+    give_up(grant_round, undo, token, classify)
     grace = straggler_grace_s(now - start, plan.budget_s)
     yield from clean_up(undo, token, tally, grace)
     return Attempt(None, decision, view, heard)
 
 
-def give_up(grant_round: Broadcast) -> None:
+def give_up(grant_round: Broadcast, plan: LockPlan, token: str, classify: Classify) -> None:
     """The attempt failed (or was interrupted): its round's stragglers must not take effect
     from now on. A straggler that answers NOSCRIPT once its round is parked is then not sent
     the script in full: that re-send would go out after the cleanup's release had answered
@@ -272,8 +273,34 @@ def give_up(grant_round: Broadcast) -> None:
     same connection), land the grant, and leave the key held by nobody until its TTL
     (simulation seed 50987). A re-send made before this is on its way before the release; a
     straggler the round still collects (a ``Settle``) is re-sent in full as before: its vote
-    is heard, and released."""
+    is heard, and released.
+
+    A straggler whose acquire arrives only after the cleanup's release and both its repeats
+    (a delay spike on its connection) grants there all the same: its reply, heard once the
+    round is parked, gets ``token`` released on that server from the background (``plan``'s
+    release, ``classify``: the round's bare reply reader; simulation seed 205015)."""
     grant_round.land = False
+    grant_round.late = late_release(plan, token, classify)
+
+
+def late_release(
+    plan: LockPlan, token: str, classify: Classify
+) -> Callable[[int, object], Repeat | None]:
+    """A given-up round's :attr:`~.effects.Broadcast.late`: a straggler's reply that
+    ``classify`` reads as a grant (the server holds the key, or a slot, with ``token`` now;
+    with ``replicas=k``, whatever ``WAIT`` said) is answered with ``token``'s release there,
+    repeated as the cleanup's is; any other reply took nothing."""
+    args = release_args(plan, token)
+
+    def late(index: int, reply: object) -> Repeat | None:
+        bare = reply.reply if isinstance(reply, Replicated) else reply
+        if classify(bare)[0] is not Outcome.GRANTED:
+            return None
+        return Repeat(
+            plan.wiring.release, (index,), plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
+        )
+
+    return late
 
 
 def _discount_restarted(plan: LockPlan, tally: Tally, ballot: Ballot) -> Flow[Tally]:

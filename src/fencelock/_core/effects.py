@@ -94,7 +94,7 @@ class Replicated:
 
 # Not frozen, unlike the other effects: a flow builds two or three per acquire and release,
 # and a frozen dataclass's __init__ costs about five times a plain one's. Nothing changes a
-# Broadcast once it is yielded, but for its ``land`` (see below).
+# Broadcast once it is yielded, but for its ``land`` and ``late`` (see below).
 @dataclass(slots=True)
 class Broadcast:
     """Run ``script`` (a name from ``fencelock._scripts``) on ``targets`` (server indexes).
@@ -109,6 +109,12 @@ class Broadcast:
       off once it gives the round up (a failed or interrupted attempt, whose cleanup releases
       what landed), and the drivers read it when the NOSCRIPT comes, not when they park the
       round;
+    - ``late``: what a reply that comes after the round was parked (a straggler's) calls for:
+      the driver calls it with the server's index and the reply (as ``classify`` is given
+      it) and hands the :class:`Repeat` it returns, if any, to the background as it does a
+      flow's. None (the default): nothing. Like ``land``, a flow sets it once it gives the
+      round up: a late grant of a given-up attempt is released there (see
+      :func:`~fencelock._core.acquire.give_up`);
     - ``wait``: each call is followed by this ``WAIT`` in the same pipeline, and ``classify``
       gets a :class:`Replicated` (reply and acknowledgements) instead of the bare reply.
     """
@@ -123,6 +129,7 @@ class Broadcast:
     tally: Tally
     land: bool = True
     wait: Wait | None = None
+    late: Callable[[int, object], Repeat | None] | None = None
 
 
 #: Longest a :class:`Pause` with a ``stop`` goes without looking at it (s): how late a

@@ -27,7 +27,7 @@ from .._core.effects import Broadcast, Repeat
 from .._engine.cluster import ASKING, busy_slot
 from .._engine.registry import PerProcess, sweep_idle
 from .._engine.server import LateCall, Server
-from .._engine.wire import CALLS, PING, full_call, is_noscript
+from .._engine.wire import CALLS, PING, answer, full_call, is_noscript
 from .._scripts import BY_NAME
 from .connection import Connection
 
@@ -87,6 +87,10 @@ class Straggler:
     own: int = 1
     #: the call went after ASKING (a cluster's ASK redirect)
     asking: bool = False
+    #: the call's server index in ``servers`` (the driver's): the round's ``late`` is given
+    #: the reply (a given-up attempt's late grant is released, see :func:`heard_late`)
+    index: int = -1
+    servers: tuple[Server, ...] = ()
 
     @property
     def script(self) -> str:
@@ -124,9 +128,23 @@ class _StragglerJob(_Job):
                 return False
         elif script is not None:
             self.server.loaded.add(script.sha)
+        if call.servers and script is not None:
+            heard_late(call.effect, call.servers, call.index, answer(replies[-call.own :]))
         super().replied(replies)
         self.server.idle.append(self.conn)
         return True
+
+
+def heard_late(effect: Broadcast, servers: tuple[Server, ...], index: int, result: object) -> None:
+    """A reply of a parked round (``result``: as its ``classify`` is given one) from
+    ``servers[index]``: the ``Repeat`` the round's ``late`` asks for, if any, is queued (a
+    given-up attempt's grant that came after its cleanup is released there)."""
+    late = effect.late
+    if late is None:
+        return
+    repeat = late(index, result)
+    if repeat is not None:
+        background().repeat(servers, repeat)
 
 
 class _Probe(_Job):

@@ -55,7 +55,7 @@ from .._engine.wire import (
     wake_call,
 )
 from .._scripts import Script
-from .background import Straggler, background
+from .background import Straggler, background, heard_late
 from .connection import Connection, Stopped
 
 T = TypeVar("T")
@@ -556,11 +556,14 @@ class Driver:
             for fd, call in list(calls.items()):
                 del calls[fd]
                 selector.unregister(fd)
-                call.conn.close()
                 exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
                 call.server.node_failed(call.node)
                 self._failed(call.server, exc)
                 tally.record(call.index, *effect.classify(exc))
+                # still heard in the background (GIVE_UP_S): a given-up attempt's grant
+                # that comes after its cleanup is released there (effect.late; simulation
+                # seed 205015); its server is suspect already
+                self._adopt(round_, call, suspect_at=0.0)
 
     def _send_due(self, round_: _Round) -> float:
         """Send the calls of ``round_.later`` that are due (to their slot's owner as the map
@@ -740,6 +743,8 @@ class Driver:
             node.loaded.add(script.sha)
         del round_.calls[fd]
         selector.unregister(fd)
+        if script is not None and effect.late is not None:
+            heard_late(effect, self.servers, call.index, answer(replies[-call.own :]))
         node.learned(conn.identity)
         node.idle.append(conn)
         call.server.answered()
@@ -747,19 +752,25 @@ class Driver:
     def _park(self, round_: _Round) -> None:
         """Hand a decided round's stragglers to the background thread."""
         selector = _selector()
-        effect = round_.effect
         for fd, call in list(round_.calls.items()):
             del round_.calls[fd]
             with contextlib.suppress(KeyError, ValueError):
                 selector.unregister(fd)
-            straggler = Straggler(
-                suspect_at=round_.deadline,
-                effect=effect,
-                tail=call.tail,
-                own=call.own,
-                asking=call.asking,
-            )
-            background().adopt(call.node, call.conn, straggler)
+            self._adopt(round_, call, suspect_at=round_.deadline)
+
+    def _adopt(self, round_: _Round, call: _Call, *, suspect_at: float) -> None:
+        """Hand ``call`` (unwatched already) to the background thread as a straggler; its
+        server is made suspect at ``suspect_at`` if still silent (0: it is already)."""
+        straggler = Straggler(
+            suspect_at=suspect_at,
+            effect=round_.effect,
+            tail=call.tail,
+            own=call.own,
+            asking=call.asking,
+            index=call.index,
+            servers=self.servers,
+        )
+        background().adopt(call.node, call.conn, straggler)
 
     def _failed(self, server: Server, exc: BaseException) -> None:
         """A call failed: the server is suspect (skipped by rounds, probed in the background)
