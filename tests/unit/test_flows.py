@@ -613,3 +613,56 @@ def test_a_wait_cancelled_before_it_starts_makes_one_attempt_and_no_pause() -> N
         driver.run(flow)
     assert not [e for e in driver.log if isinstance(e, Pause)]
     assert len(driver.broadcasts("acquire")) == 1
+
+
+def test_a_given_up_rounds_late_grant_is_released_on_its_server_and_nothing_else() -> None:
+    # simulation seed 205015: a failed attempt's acquire delayed on its connection past the
+    # cleanup's release and both its repeats still grants there; its reply, heard once the
+    # round is parked, must get the token released on that server (Broadcast.late)
+    plan = plan_of(3)
+    driver = Script(table(3, acquire=[GRANT, HELD, HELD]), order=(1, 2, 0), hung=frozenset({0}))
+    assert driver.run(try_acquire(plan, "tok", "")) is None
+    late = driver.broadcasts("acquire")[0].late
+    assert late is not None
+    repeat = late(0, GRANT)
+    assert isinstance(repeat, Repeat)
+    assert repeat.script == plan.wiring.release and repeat.targets == (0,)
+    assert repeat.keys == plan.release_keys and repeat.args[0] == "tok"
+    assert repeat.until_s == plan.ttl_ms / 1000.0
+    assert late(2, Replicated(GRANT, 0)) == replace(repeat, targets=(2,))  # short of replicas
+    assert late(0, HELD) is None  # took nothing there
+    assert late(0, ReplyError("NOSCRIPT No matching script")) is None
+
+
+def test_a_won_rounds_stragglers_are_never_released() -> None:
+    # a won round's late grant is the holder's
+    driver = Script(table(3, acquire=[GRANT, GRANT, HELD]), order=(0, 1, 2))
+    assert isinstance(driver.run(try_acquire(plan_of(3), "tok", "")), Grant)
+    assert driver.stragglers and driver.broadcasts("acquire")[0].late is None
+
+
+def test_a_given_up_permit_or_fair_attempt_releases_its_late_grant_by_token() -> None:
+    from fencelock._core.fair import attempt_fair, fair_plan
+    from fencelock._core.semaphore import attempt_permit, make_semaphore_plan
+
+    plan = plan_of(3)
+    sem = make_semaphore_plan(plan, 2)
+    cases = [
+        # a slot's late grant: every slot of the token swept (as the cleanup does)
+        (attempt_permit(sem, "tok", "", woken=False, waiter="-", patience=0), [1, 500, 1],
+         "sem_sweep"),
+        # the fair lock's cleanup release: compare-and-delete, the queue entry kept
+        (attempt_fair(fair_plan(plan), "tok", "", waiter="w", ticket=0, heartbeat_ms=1000),
+         [1, 5], "release"),
+    ]  # fmt: skip
+    for flow, grant, release_script in cases:
+        assert isinstance(next(flow), Identify)
+        assert flow.send(()) is NOW
+        first = flow.send(100.0)
+        assert isinstance(first, Broadcast) and first.late is None
+        assert flow.throw(KeyboardInterrupt()) is SETTLE
+        assert first.late is not None, first.script
+        repeat = first.late(1, grant)
+        assert repeat is not None and repeat.targets == (1,) and repeat.args[0] == "tok"
+        assert repeat.script == release_script
+        assert first.late(1, [0, 1200] if len(grant) == 3 else [0, 1200, 3]) is None
