@@ -71,6 +71,8 @@ class ProxyStats:
     dropped_down: int = 0
     held_max: int = 0
     modes: list[str] = field(default_factory=list)
+    #: bytes read from clients (whatever the mode then: forwarded, delayed, held or dropped)
+    read_up: int = 0
 
 
 class _Pipe:
@@ -93,11 +95,14 @@ class _Pipe:
                 if not data:
                     break
                 mode = self.proxy._mode
+                # (read_up counts a chunk once its fate is decided: a mode set after it was
+                # counted applies to the next chunk)
                 if mode.name == "blackhole" or (mode.name == "drop-replies" and not self.up):
-                    self.proxy._count(self.up, dropped=len(data))
+                    self.proxy._count(self.up, dropped=len(data), read=len(data))
                     continue
                 delay = mode.latency_ms / 1000.0 if mode.name == "latency" else 0.0
                 self.queue.put_nowait((loop.time() + delay, data))
+                self.proxy._count(self.up, read=len(data))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -135,15 +140,24 @@ class Proxy:
 
     It forwards bytes, so a client authenticates to the target through it (``AUTH``/``HELLO``
     pass as they are); ``password`` (the target's, e.g. ``server.password``) only goes into
-    :attr:`url`, which the proxy itself never reads.
+    :attr:`url`, which the proxy itself never reads. ``drain``: when a client closes its
+    connection, what it sent is still forwarded (after its delay) before the server's end is
+    closed, as TCP delivers what was sent before a FIN (default: both ends close at once).
     """
 
     def __init__(
-        self, target_host: str, target_port: int, *, name: str = "", password: str | None = None
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        name: str = "",
+        password: str | None = None,
+        drain: bool = False,
     ) -> None:
         if not 0 < target_port < 65536:
             raise ValueError(f"bad target port {target_port}")
         self.password = password
+        self.drain = drain
         self.target_host = target_host
         self.target_port = target_port
         self.name = name or f"proxy->{target_port}"
@@ -332,9 +346,10 @@ class Proxy:
 
     # ---- connections (loop thread) ----------------------------------------------------------
 
-    def _count(self, up: bool, *, forwarded: int = 0, dropped: int = 0) -> None:
+    def _count(self, up: bool, *, forwarded: int = 0, dropped: int = 0, read: int = 0) -> None:
         with self._stats_lock:
             if up:
+                self.stats.read_up += read
                 self.stats.forwarded_up += forwarded
                 self.stats.dropped_up += dropped
             else:
@@ -376,7 +391,11 @@ class Proxy:
                 self._tasks.add(pipe_task)
                 pipe_task.add_done_callback(self._tasks.discard)
             # when either side closes, close both: a half-open Redis connection is useless
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self.drain and tasks[0] in done:
+                # the client closed: what it sent still reaches the server, late as its mode
+                # says (TCP delivers what was sent before a FIN), before both ends close
+                await asyncio.wait([tasks[1], tasks[2]], return_when=asyncio.FIRST_COMPLETED)
             for end in (c_writer, upstream):
                 with contextlib.suppress(Exception):
                     end.close()
