@@ -207,3 +207,44 @@ def test_a_given_up_attempts_late_grant_is_released_async(
         late.check(started)
     finally:
         late.__exit__()
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_late_grant_after_the_jobs_loop_ended_is_released(
+    served: tuple[list[Server], Proxy], kind: str
+) -> None:
+    """``asyncio.run()`` per job: the job ends as soon as its attempt failed, and its loop with
+    it, before the delayed acquire landed; nobody is left to hear its reply (simulation seed
+    205015 after the fix above: the job's loop was gone). The loop's shutdown hands the
+    release of what the call may have taken to the background thread, after the hearing
+    window: the late grant goes all the same."""
+    servers, proxy = served
+    name = f"s205015-run-{kind}"
+    urls = [proxy.url, servers[1].url, servers[2].url]
+    key = key_of(kind, name)
+
+    async def warm() -> None:
+        primitive = primitive_of(aio, kind, urls, name)
+        await (await primitive.acquire(wait=0)).release()
+
+    async def job() -> BaseException | None:
+        primitive = primitive_of(aio, kind, urls, name)
+        try:
+            await primitive.acquire(wait=0)
+        except FencelockError as exc:
+            return exc  # the job ends here: asyncio.run() closes its loop
+        return None
+
+    asyncio.run(warm())  # connections and scripts warm (on a loop of its own, as jobs are)
+    arrange(servers, proxy, key)
+    late = Late(proxy, servers[0], servers[2], key, lock_keys(name).fence)
+    with late:
+        started = time.monotonic()
+        outcome = asyncio.run(job())
+        ended = time.monotonic()
+        assert isinstance(outcome, FencelockError), outcome
+        end = time.monotonic() + BOUND
+        while not late.settled() and time.monotonic() < end:
+            time.sleep(0.02)
+        assert late.landed is not None and late.landed > ended, "it landed before the loop ended"
+        late.check(started)

@@ -53,8 +53,9 @@ def test_without_cancel_the_other_faults_are_as_they_were() -> None:
 
 def test_a_cancelled_acquire_leaves_no_key_behind_seed_50987() -> None:
     run = _replay("50987", "--cancel")
-    # (c1/j2/t0 since a round's calls past its deadline are still heard: seed 205015)
-    assert "cancel c1/j2/t0 (acquire lock) at driver.py" in run.stdout
-    assert "_collect" in run.stdout.split("cancel c1/j2/t0 (acquire lock) at ", 1)[1][:40]
+    # a cancellation lands in an acquire's round (which task it hits moves with the driver's
+    # timers: c1/j2/t0 once, c0/j1/t1 since a given-up round's calls are guarded at the
+    # loop's end, seed 205015)
+    assert re.search(r"cancel c\d/j\d/t\d \(acquire lock\) at driver\.py:\d+ _collect", run.stdout)
     assert "VIOLATION" not in run.stdout, run.stdout[-2000:]
     assert run.returncode == 0

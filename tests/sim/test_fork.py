@@ -41,12 +41,14 @@ def test_a_fork_schedule_replays_byte_for_byte_and_clean() -> None:
     assert [(p, c) for p, c, _, _ in forks] == [("c1", "c1f0"), ("c0", "c0f0")]
     assert len({pid for _, _, pid, _ in forks}) == 2  # a pid of its own each
     inherited = re.findall(r"(c\df0) inherited .*: (lost \(fork\)|valid); (\S+)", out)
-    assert len(inherited) == 4 and all(state == "lost (fork)" for _, state, _ in inherited)
-    assert {action for _, _, action in inherited} == {"keep_alive", "release", "with"}
+    # (the schedule moves with the drivers' timers: 4 inherited leases and a `with` once;
+    # 3 since a given-up round's calls are guarded at its loop's end, seed 205015)
+    assert len(inherited) == 3 and all(state == "lost (fork)" for _, state, _ in inherited)
+    assert {action for _, _, action in inherited} == {"keep_alive", "release"}
     outcomes = re.findall(r"c\df0 (\w+) on \S+ \S+ \(fence \d+\): (\S+)", out)
-    assert len(outcomes) == 4 and all(o == "LockLost:" for _, o in outcomes)
-    # the parent's lease is untouched by the child's hooks: extended and released after it
-    assert re.search(r"c0/j2/t0 extended to .*\n.*c0/j2/t0 released k0: ok", out)
+    assert len(outcomes) == 3 and all(o == "LockLost:" for _, o in outcomes)
+    # the parent's lease is untouched by the child's hooks: released by the parent after it
+    assert re.search(r"c0f0 keep_alive on c0/j2/t1's k0 .*\n(.*\n)*.*c0/j2/t1 released k0: ok", out)
     assert "c0f0/j0/t0 granted rw0 (read)" in out  # the child's own lease, own connections
     assert "c0f0/j0/t0 released rw0: ok" in out
 

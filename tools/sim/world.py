@@ -994,14 +994,14 @@ class SimBackground:
 
         world.at(world.clock.now + self.PROBE_EVERY_S, probe)
 
-    def repeat(self, servers: tuple[Any, ...], effect: Any) -> None:
+    def repeat(self, servers: tuple[Any, ...], effect: Any, *, after_s: float = 0.0) -> None:
         from fencelock._engine.wire import full_call
         from fencelock._scripts import BY_NAME
         from fencelock._sync.background import LATE_AGAIN_S
 
         world = self.world
         payload = full_call(BY_NAME[effect.script], effect.keys, effect.args)
-        until = world.clock.now + effect.until_s
+        until = world.clock.now + after_s + effect.until_s
         process = world.process  # the background thread of the process that asked
 
         def repeater(i: int) -> Callable[[], None]:
@@ -1036,7 +1036,7 @@ class SimBackground:
         for target in effect.targets:
             index = self._index(servers[target])
             if index is not None:
-                world.at(world.clock.now + self.PROBE_EVERY_S, repeater(index))
+                world.at(world.clock.now + after_s + self.PROBE_EVERY_S, repeater(index))
 
 
 def _innermost_await(task: asyncio.Task[Any]) -> str:

@@ -95,6 +95,7 @@ class AsyncConnection(LinkState, asyncio.Protocol):
         self._eof = False
         self._unflushed = 0  # requests at the queue's tail whose bytes are still in _out
         self._wrote = False
+        self._retired = False
 
     def __repr__(self) -> str:
         state = "usable" if self.usable else "closed"
@@ -114,6 +115,17 @@ class AsyncConnection(LinkState, asyncio.Protocol):
             return False
         transport = self._transport
         return transport is not None and not transport.is_closing()
+
+    @property
+    def retired(self) -> bool:
+        """True once :meth:`retire` was called: no new request belongs on it."""
+        return self._retired
+
+    def retire(self) -> None:
+        """Take no new request from now on (its owner shares another connection instead); the
+        requests on it still get their replies, and it closes once none of them is wanted."""
+        self._retired = True
+        self._close_if_unwanted()
 
     @property
     def wrote(self) -> bool:
@@ -225,7 +237,7 @@ class AsyncConnection(LinkState, asyncio.Protocol):
         for entry in self._queue:
             if entry.on_done is not None or (entry.future is not None and not entry.future.done()):
                 return
-        if self._queue:
+        if self._queue or self._retired:
             self.close()
 
     def _flush(self) -> None:
@@ -303,6 +315,10 @@ class AsyncConnection(LinkState, asyncio.Protocol):
                             return
                     elif entry.future is not None and not entry.future.done():
                         entry.future.set_result(replies)  # done: its caller was cancelled
+                    if self._retired:
+                        self._close_if_unwanted()
+                        if self._closed:
+                            return
         except ProtocolError as exc:
             self._fail(exc)
             self.close()

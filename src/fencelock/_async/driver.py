@@ -94,6 +94,46 @@ def _pool(server: Server, loop: asyncio.AbstractEventLoop) -> list[AsyncConnecti
     return pool
 
 
+class _LoopGuard:
+    """The rounds of one loop whose calls are still out after their round (stragglers, calls
+    past the deadline). When the loop is shut down (``asyncio.run()`` cancels every task at
+    its end), the connections of a given-up attempt's calls are closed there: their replies
+    can no longer be heard (a late grant would not be released, see
+    :meth:`_Round.shut_down`), and a request still on its way must not land after the
+    loop, the attempt and its cleanup are all gone (simulation seed 205015)."""
+
+    __slots__ = ("rounds", "task")
+
+    def __init__(self) -> None:
+        self.rounds: weakref.WeakSet[_Round] = weakref.WeakSet()
+        self.task: asyncio.Future[None] | None = None
+
+    async def watch(self) -> None:
+        """Until no watched call is out (looked at every GIVE_UP_S: each ends within about
+        that), or until cancelled: then the given-up calls' connections are closed."""
+        try:
+            while any(round_.open or round_.expired for round_ in list(self.rounds)):
+                await asyncio.sleep(GIVE_UP_S)
+        except asyncio.CancelledError:
+            for round_ in list(self.rounds):
+                round_.shut_down()
+            raise
+
+
+_guards: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopGuard] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _guard(round_: _Round, loop: asyncio.AbstractEventLoop) -> None:
+    """Watch ``round_``'s calls still out until ``loop`` shuts down (see :class:`_LoopGuard`)."""
+    guard = _guards.get(loop)
+    if guard is None or guard.task is None or guard.task.done():
+        guard = _guards[loop] = _LoopGuard()
+        guard.task = keep(loop.create_task(guard.watch()))
+    guard.rounds.add(round_)
+
+
 def _address_of(server: Server) -> Address:
     return server.address
 
@@ -127,13 +167,14 @@ def shared(
     pool = _pool(server, loop)
     if address is None:
         address = server.address
-    if pool and pool[0].usable and pool[0].address == address:
+    if pool and pool[0].usable and not pool[0].retired and pool[0].address == address:
         return pool[0]
     if pool and not pool[0].usable:
         server.connection_failed()  # closed under us: it may have restarted, so ask
     conn = AsyncConnection(address)  # identified on this connection (see AsyncConnection)
     if pool:
-        pool[0].close()
+        if not pool[0].retired:  # a retired one closes once its last request is answered
+            pool[0].close()
         pool[0] = conn
     else:
         pool.append(conn)
@@ -492,6 +533,23 @@ class _Round:
         else:
             log.error("a straggler's reply could not be handled", exc_info=error)
 
+    def shut_down(self) -> None:
+        """The loop is shutting down: a given-up attempt's calls still out (``effect.late``
+        set) have their connections closed, and what each may have taken is released on its
+        server from the background thread GIVE_UP_S later (a request already on its way may
+        still land: it is heard no more, but it is outlasted as a heard one would be). Other
+        rounds' calls are left as they are."""
+        late = self.effect.late
+        if late is None:
+            return
+        for call in [*self.open, *self.expired]:
+            call.conn.close()
+            repeat = late(call.index, fx.UNHEARD)
+            if repeat is not None:
+                background().repeat(self.servers, repeat, after_s=GIVE_UP_S)
+        self.open.clear()
+        self.expired.clear()
+
     def drop_expired(self, call: _Call) -> None:
         """An expired call still silent GIVE_UP_S later: abandoned."""
         if self.expired.pop(call, None) is not None:
@@ -502,13 +560,18 @@ class _Round:
         unknown: the flow cleans up by token). Only this round's calls are given up, after
         GIVE_UP_S: a reply that comes before is given to the round's ``late`` (a given-up
         attempt's grant that came after its cleanup is released there; simulation seed
-        205015), and a cleanup's release sent meanwhile on the shared connection follows
-        the call's request rather than overtake it on a new connection."""
+        205015). The call's connection is retired (:meth:`AsyncConnection.retire`): what is
+        sent from now on goes on a new one, so a connection whose replies stopped coming
+        (a black hole, a half-open socket) costs no later request its answer, while this
+        call's reply can still arrive on it."""
         effect = self.effect
         loop = asyncio.get_running_loop()
+        if self.open:
+            _guard(self, loop)
         for call in list(self.open):
             del self.open[call]
             self.expired[call] = None
+            call.conn.retire()
             call.give_up = loop.call_later(GIVE_UP_S, self.drop_expired, call)
             exc = TimeoutError(f"no answer within {effect.budget_s:.3f} s")
             call.server.node_failed(call.node)
@@ -771,6 +834,7 @@ class AsyncDriver:
         if not round_.open:
             return
         loop = asyncio.get_running_loop()
+        _guard(round_, loop)
         suspect_at = _loop_time(loop, round_.deadline)
         give_up_at = _loop_time(loop, max(round_.deadline, time.monotonic() + GIVE_UP_S))
         for call in round_.open:

@@ -31,6 +31,7 @@ from .effects import (
     IDENTITIES,
     NOW,
     SETTLE,
+    UNHEARD,
     Broadcast,
     Classify,
     Flow,
@@ -289,12 +290,13 @@ def late_release(
     """A given-up round's :attr:`~.effects.Broadcast.late`: a straggler's reply that
     ``classify`` reads as a grant (the server holds the key, or a slot, with ``token`` now;
     with ``replicas=k``, whatever ``WAIT`` said) is answered with ``token``'s release there,
-    repeated as the cleanup's is; any other reply took nothing."""
+    repeated as the cleanup's is; any other reply took nothing. :data:`~.effects.UNHEARD` (a
+    reply that can no longer be heard) may have been a grant: released too."""
     args = release_args(plan, token)
 
     def late(index: int, reply: object) -> Repeat | None:
         bare = reply.reply if isinstance(reply, Replicated) else reply
-        if classify(bare)[0] is not Outcome.GRANTED:
+        if reply is not UNHEARD and classify(bare)[0] is not Outcome.GRANTED:
             return None
         return Repeat(
             plan.wiring.release, (index,), plan.release_keys, args, until_s=plan.ttl_ms / 1000.0

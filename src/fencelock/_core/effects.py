@@ -92,6 +92,11 @@ class Replicated:
     role: object = None
 
 
+#: What :attr:`Broadcast.late` is given for a call whose reply can no longer be heard: its
+#: outcome is unknown, so whatever it may have taken is released.
+UNHEARD: object = object()
+
+
 # Not frozen, unlike the other effects: a flow builds two or three per acquire and release,
 # and a frozen dataclass's __init__ costs about five times a plain one's. Nothing changes a
 # Broadcast once it is yielded, but for its ``land`` and ``late`` (see below).
@@ -114,7 +119,9 @@ class Broadcast:
       it) and hands the :class:`Repeat` it returns, if any, to the background as it does a
       flow's. None (the default): nothing. Like ``land``, a flow sets it once it gives the
       round up: a late grant of a given-up attempt is released there (see
-      :func:`~fencelock._core.acquire.give_up`);
+      :func:`~fencelock._core.acquire.give_up`). Called with :data:`UNHEARD` for a call
+      whose reply can no longer be heard (the asyncio driver's loop shut down with it still
+      out): the ``Repeat`` then goes out after the driver's hearing window instead;
     - ``wait``: each call is followed by this ``WAIT`` in the same pipeline, and ``classify``
       gets a :class:`Replicated` (reply and acknowledgements) instead of the bare reply.
     """

@@ -244,12 +244,13 @@ class Background:
         """Probe ``server`` until it answers (it just became suspect)."""
         self._post(lambda: self._watched.add(server))
 
-    def repeat(self, servers: tuple[Server, ...], effect: Repeat) -> None:
-        """Queue a ``Repeat`` effect's script for each of its target servers. The calls are
+    def repeat(self, servers: tuple[Server, ...], effect: Repeat, *, after_s: float = 0.0) -> None:
+        """Queue a ``Repeat`` effect's script for each of its target servers, first sent
+        ``after_s`` seconds from now (its ``until_s`` counted from then). The calls are
         queued by the thread itself: a server's queue of late calls is touched by the thread
         only (a caller appending to it while the thread walked it broke the walk, and a call
         appended just before the thread cleared a spent queue was lost)."""
-        now = time.monotonic()
+        now = time.monotonic() + after_s
         until = now + effect.until_s
         for index in effect.targets:
             owner = servers[index]
