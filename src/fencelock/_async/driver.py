@@ -130,7 +130,9 @@ def _guard(round_: _Round, loop: asyncio.AbstractEventLoop) -> None:
     guard = _guards.get(loop)
     if guard is None or guard.task is None or guard.task.done():
         guard = _guards[loop] = _LoopGuard()
-        guard.task = keep(loop.create_task(guard.watch()))
+        # not in _background (what callers wait on to see a flow's cleanup end): the guard
+        # outlives them; _guards holds it while its loop lives
+        guard.task = loop.create_task(guard.watch())
     guard.rounds.add(round_)
 
 
