@@ -82,7 +82,7 @@ def test_a_seed_replays_byte_for_byte() -> None:
     assert "steps" in runs[0].stdout and runs[0].stdout.count("\n") > 10
 
 
-@pytest.mark.parametrize("seed", [144, 456, 807, 51119, 205015])
+@pytest.mark.parametrize("seed", [144, 456, 807, 51119, 205015, 13004455])
 def test_a_seed_that_found_a_ghost_key_runs_clean(seed: int) -> None:
     run = subprocess.run(
         [*SIMULATE, "--replay", str(seed), "--no-cancel"],  # (the schedule that found it)
