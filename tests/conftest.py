@@ -61,12 +61,24 @@ _SLOW_MODULES = frozenset(
 
 
 # Tests whose outcome cannot depend on the engine: they start no server (pure logic, the
-# simulation's own server), or run another library's test suite through fencelock.compat
-# (whose scripts and behaviour run on both engines in test_compat*.py). CI's second engine leg
-# sets FENCELOCK_SECOND_ENGINE=1 to deselect them (pytest reports them as deselected).
+# simulation's own server), run another library's test suite through fencelock.compat
+# (whose scripts and behaviour run on both engines in test_compat*.py), or check what a
+# command prints or draws (bench's fields, demo's table, chaos's JSON, the HTML pages in
+# chromium: the server is a backdrop; the library paths they drive run on both engines in
+# the library's own tests). CI's second engine leg sets FENCELOCK_SECOND_ENGINE=1 to deselect
+# them (pytest reports them as deselected); it keeps CI under its 40 minutes.
 _ENGINE_FREE_DIRS = ("tests/unit/", "tests/sim/")
 _ENGINE_BOUND_IN_FREE_DIRS = frozenset({"test_differential.py"})
-_ENGINE_FREE_MODULES = frozenset({"test_compat_redislock_suite.py", "test_compat_redispy.py"})
+_ENGINE_FREE_MODULES = frozenset(
+    {
+        "test_compat_redislock_suite.py",
+        "test_compat_redispy.py",
+        "test_bench.py",
+        "test_demo.py",
+        "test_chaos_cli.py",
+        "test_html_pages.py",
+    }
+)
 
 
 def _engine_free(item: pytest.Item) -> bool:
