@@ -106,7 +106,14 @@ class _LoopGuard:
 
     def __init__(self) -> None:
         self.rounds: weakref.WeakSet[_Round] = weakref.WeakSet()
-        self.task: asyncio.Future[None] | None = None
+        # weak: the task refers to its loop, the key of ``_guards``, whose value this is (a
+        # strong reference kept every loop that ever made a guard, with all it held, alive);
+        # the loop keeps the task while it sleeps (its timer) and until it is cancelled
+        self.task: weakref.ref[asyncio.Task[None]] | None = None
+
+    def running(self) -> bool:
+        task = None if self.task is None else self.task()
+        return task is not None and not task.done()
 
     async def watch(self) -> None:
         """Until no watched call is out (looked at every GIVE_UP_S: each ends within about
@@ -128,11 +135,11 @@ _guards: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopGuard] = (
 def _guard(round_: _Round, loop: asyncio.AbstractEventLoop) -> None:
     """Watch ``round_``'s calls still out until ``loop`` shuts down (see :class:`_LoopGuard`)."""
     guard = _guards.get(loop)
-    if guard is None or guard.task is None or guard.task.done():
+    if guard is None or not guard.running():
         guard = _guards[loop] = _LoopGuard()
         # not in _background (what callers wait on to see a flow's cleanup end): the guard
-        # outlives them; _guards holds it while its loop lives
-        guard.task = loop.create_task(guard.watch())
+        # outlives them; its loop holds it (see _LoopGuard.task)
+        guard.task = weakref.ref(loop.create_task(guard.watch()))
     guard.rounds.add(round_)
 
 
