@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fencelock._core import fencing
 from fencelock._engine.handshake import identity_from
 from fencelock._engine.resp import INCOMPLETE, Parser, ReplyError, command
 from fencelock._scripts import ACQUIRE, EXTEND, RELEASE
@@ -286,3 +287,32 @@ def test_commands_per_second(server: SimServer, clock: Clock) -> None:
     rate = 2 * n / elapsed
     print(f"\nsimulated server: {rate:,.0f} script calls/s")
     assert rate > 2000
+
+
+@pytest.mark.parametrize(
+    ("now_us", "register", "step", "expected"),
+    [
+        (1_700_000_000_123_456, None, 0, 1_700_000_000_123_456),  # TIME itself
+        (1_700_000_000_123_456, None, 10_000, 1_700_000_000_130_000),  # rounded up
+        (1_700_000_000_120_000, None, 10_000, 1_700_000_000_120_000),  # already a multiple
+        (1_700_000_000_995_001, None, 10_000, 1_700_000_001_000_000),  # into the next second
+        (1_700_000_000_123_456, 1_700_000_000_130_000, 10_000, 1_700_000_000_130_001),  # F + 1
+        (1_700_000_000_123_456, None, 7, 1_700_000_000_123_456),  # not a divisor of 10^6
+        (1_700_000_000_123_456, 2**53 + 1, 10_000, 2**53 + 2),  # exact past 2^53
+    ],
+)
+def test_the_acquire_scripts_floor_step_is_what_fencing_bump_computes(
+    clock: Clock, now_us: int, register: int | None, step: int, expected: int
+) -> None:
+    # the real acquire.lua (ARGV[8]) against its mirror, fencing.bump, on the simulated server
+    clock.now = now_us / 1e6
+    session = SimServer(clock=clock, seed=7).connect()
+    assert call(session, "SCRIPT", "LOAD", ACQUIRE.source) == ACQUIRE.sha.encode()
+    if register is not None:
+        call(session, "SET", "{k}:f", str(register))
+    at = call(session, "TIME")
+    server_us = int(at[0]) * 1_000_000 + int(at[1])
+    granted = call(session, *acquire_args("t1"), 0, step)
+    assert granted[0] == 1 and int(granted[1]) == expected
+    assert fencing.bump(register or 0, server_us, step) == expected
+    assert call(session, "GET", "{k}:f") == str(expected).encode()

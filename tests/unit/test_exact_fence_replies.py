@@ -35,3 +35,18 @@ def test_bump_mirrors_the_scripts_up_to_the_cap() -> None:
     assert fencing.bump(FENCE_MAX - 1, 0) == FENCE_MAX
     with pytest.raises(ValueError, match="2\\^63 - 1"):
         fencing.bump(FENCE_MAX, 0)
+
+
+def test_bump_with_a_floor_step_rounds_the_clock_up_not_the_register() -> None:
+    assert fencing.bump(0, 1_000_001, 10_000) == 1_010_000
+    assert fencing.bump(1_010_000, 1_000_001, 10_000) == 1_010_001  # F + 1 wins
+    assert fencing.bump(0, 1_000_001, 3) == 1_000_001  # not a divisor of 10^6: TIME itself
+    assert fencing.floor_step_us(3, True) == fencing.FLOOR_STEP_US
+    assert fencing.floor_step_us(3, False) == fencing.floor_step_us(1, True) == 0
+
+
+def test_a_grant_commits_itself_only_when_a_majority_returned_the_merged_fence() -> None:
+    assert fencing.committed_by_grant([7, 7, 7], 7, 2)
+    assert fencing.committed_by_grant([7, 7, 5], 7, 2)
+    assert not fencing.committed_by_grant([7, 5, 5], 7, 2)  # two agree, on a smaller value
+    assert not fencing.committed_by_grant([7], 7, 2)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fencelock import ConfigError, LockLost, NotAcquired, Unavailable
+from fencelock._core import fencing
 from fencelock._core.acquire import Grant, acquire, attempt, try_acquire
 from fencelock._core.effects import (
     IDENTITIES,
@@ -288,8 +289,9 @@ def test_a_grant_from_a_server_restarted_less_than_a_ttl_ago_does_not_count() ->
 
 def test_a_round_that_stopped_on_a_restarted_grant_hears_its_stragglers() -> None:
     # 0 (restarted) and 1 grant first: the round stops there; without 0 it needs 2's vote
+    # (each server bumps to its own value: the grant alone puts no fence on a majority)
     driver = Script(
-        table(3, acquire=[GRANT, GRANT, GRANT]),
+        table(3, acquire=[[1, 500], [1, 501], [1, 502]]),
         order=[0, 1, 2],
         identities=(Ident("a", restarted_at=99.0), Ident("b"), Ident("c")),
     )
@@ -298,6 +300,50 @@ def test_a_round_that_stopped_on_a_restarted_grant_hears_its_stragglers() -> Non
     assert SETTLE in driver.log
     (commit,) = driver.broadcasts("fence_commit")
     assert commit.targets == (1, 2)  # the restarted server is not counted, nor committed
+
+
+def test_a_majority_that_stored_the_merged_fence_in_its_grant_needs_no_commit() -> None:
+    # every granting server returned (and so stored) the merged fence: a commit would change
+    # nothing on a majority, so the lease is handed out after one round
+    driver = Script(table(3, acquire=[GRANT, GRANT, [0, 900]]))
+    grant = driver.run(try_acquire(plan_of(3), "tok", ""))
+    assert isinstance(grant, Grant) and grant.fence == 500
+    assert driver.broadcasts("fence_commit") == []
+
+
+@pytest.mark.parametrize(
+    "fences",
+    [(500, 501, 502), (900, 500, 500), (500, 900, 500)],
+    ids=["all-differ", "one-ahead-first", "one-ahead-second"],
+)
+def test_a_grant_whose_majority_did_not_return_the_merged_fence_is_committed(
+    fences: tuple[int, ...],
+) -> None:
+    # the merged fence is the largest; fewer than a majority returned it: round 2 raises the
+    # others (two of three agreeing on a smaller value is not enough)
+    driver = Script(table(3, acquire=[[1, fence] for fence in fences]), order=[0, 1, 2])
+    grant = driver.run(try_acquire(plan_of(3), "tok", ""))
+    assert isinstance(grant, Grant)
+    (commit,) = driver.broadcasts("fence_commit")
+    assert commit.args[1] == str(grant.fence) and grant.fence == max(fences[:2])
+
+
+@pytest.mark.parametrize(
+    ("plan", "step"),
+    [(plan_of(1), 0), (plan_of(3), 0), (restart_plan(3), fencing.FLOOR_STEP_US)],
+    ids=["one-server", "N3-no-restart-delay", "N3-restart-delay"],
+)
+def test_the_fence_floor_step_is_sent_only_over_n_servers_with_restart_delay(
+    plan: LockPlan, step: int
+) -> None:
+    flow = attempt(plan, "tok", "", woken=False, waiter="-", patience=0)
+    effect = next(flow)
+    if isinstance(effect, Identify):
+        assert flow.send(()) is NOW
+    first = flow.send(100.0)
+    assert isinstance(first, Broadcast) and first.script == "acquire"
+    assert first.args[7] == step
+    flow.close()
 
 
 def test_a_restarted_server_votes_again_once_its_uptime_exceeds_the_ttl() -> None:
@@ -558,12 +604,12 @@ def test_replicated_grants_on_a_majority_win_and_the_commit_carries_the_wait_too
     driver = Script(
         table(
             3,
-            acquire=[Replicated(GRANT, 1), Replicated(GRANT, 0), Replicated(GRANT, 1)],
+            acquire=[Replicated(GRANT, 1), Replicated(GRANT, 0), Replicated([1, 501], 1)],
             fence_commit=[Replicated(OK, 1)] * 3,
         )
     )
     grant = driver.run(try_acquire(plan, "tok", ""))
-    assert grant is not None and grant.fence == 500
+    assert grant is not None and grant.fence == 501
     (commit,) = driver.broadcasts("fence_commit")
     assert commit.wait == Wait(1, 375) and set(commit.targets) == {0, 2}
 

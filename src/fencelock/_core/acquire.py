@@ -3,7 +3,8 @@
 Rules of an attempt:
 - the clock starts before the first byte is sent; a grant is valid until
   ``start + ttl - drift`` and only if that is still ahead when the last round ends;
-- over N > 1 servers the merged fence is committed to a majority before the lease is handed out;
+- over N > 1 servers the merged fence is committed to a majority before the lease is handed out,
+  unless a majority already stored it in the grant (``fencing.committed_by_grant``);
 - a failed attempt releases its token wherever it may have landed, after waiting briefly
   for the round's stragglers (a fraction of the budget at the most, not for a hung server):
   at once where the call ended, from the background where it is still out (once its server
@@ -42,7 +43,7 @@ from .effects import (
     Settle,
     StopRule,
 )
-from .fencing import needs_commit
+from .fencing import committed_by_grant, floor_step_us, needs_commit
 from .handover import Handed, claim, offered_token
 from .plan import LockPlan
 from .quorum import Outcome, Tally
@@ -128,7 +129,7 @@ def attempt(
     any lock traffic for the servers already identified, after the round for the others.
     """
     args = (token, plan.ttl_ms, info, "1" if woken else "0", waiter, patience,
-            plan.fence_retention_ms)  # fmt: skip
+            plan.fence_retention_ms, floor_step_us(plan.n, plan.restart_delay))  # fmt: skip
     return grant_attempt(plan, token, args, classify_acquire)
 
 
@@ -234,7 +235,10 @@ def grant_attempt(
             if problem is not None:
                 raise problem
         if decision.status is Status.GRANTED and needs_commit(n):
-            decision = yield from ballot.commit(plan, slot, token, decision, view, start)
+            granted = grant_replies(view)
+            fences = (granted[i].fence for i in view.granted_indexes())
+            if not committed_by_grant(fences, decision.fence, view.needed):
+                decision = yield from ballot.commit(plan, slot, token, decision, view, start)
     except GeneratorExit:
         raise
     except BaseException:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 from .acquire import Attempt, AttemptFn, Grant, grant_attempt
 from .backoff import retry_delay_s
 from .effects import NOW, Broadcast, Flow, Pause, Repeat
+from .fencing import floor_step_us
 from .keys import fair_queue_key
 from .plan import LockPlan, lock_wiring, release_keys
 from .quorum import Outcome, Tally
@@ -136,7 +137,8 @@ def attempt_fair(
     new arrival) on every server and take the lock where it is first in line; a majority and
     the fence commit as for a plain lock. Never raises for contention or outages; raises
     :class:`~fencelock.ConfigError` when the servers are not independent."""
-    args = (token, plan.ttl_ms, info, waiter, str(ticket), heartbeat_ms, plan.fence_retention_ms)
+    args = (token, plan.ttl_ms, info, waiter, str(ticket), heartbeat_ms, plan.fence_retention_ms,
+            floor_step_us(plan.n, plan.restart_delay))  # fmt: skip
     return grant_attempt(plan, token, args, classify_fair, cleanup=_quiet(plan))
 
 

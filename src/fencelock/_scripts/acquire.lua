@@ -7,8 +7,10 @@
 -- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
--- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F (a decimal
---                      string: exact past 2^53; see fence_math.lua)
+-- ARGV[8] the fence's TIME floor step in us (see fence_math.lua's fence_step_up; '0' or
+--         absent: TIME itself)
+-- returns {1, fence}   granted; fence = max(F + 1, server TIME in us stepped up by ARGV[8]),
+--                      stored in F (a decimal string: exact past 2^53; see fence_math.lua)
 --         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way;
 --                      or a handed-over grant waits to be claimed: pttl_ms = its window left);
 --                      a caller that will wait is registered as a waiter until
@@ -29,7 +31,7 @@ local function refuse(pttl)
   return {0, pttl}
 end
 local function grant()
-  local fence, why = fence_next(KEYS[2], now)
+  local fence, why = fence_next(KEYS[2], now, ARGV[8])
   if not fence then
     redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
     return redis.error_reply(why)

@@ -9,6 +9,8 @@
 -- ARGV[5] the caller's ticket ('0': not known yet; an arrival here proposes one)
 -- ARGV[6] heartbeat lease of the caller's queue entry, in ms
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
+-- ARGV[8] the fence's TIME floor step in us (see fence_math.lua's fence_step_up; '0' or
+--         absent: TIME itself)
 -- returns {1, fence}          granted; fence = max(F + 1, server TIME in us), stored in F; the
 --                             caller's wake list is gone, its entry stays (it keeps its place
 --                             if the grant does not reach a majority) until fair_release
@@ -53,7 +55,7 @@ local head = redis.call('ZRANGE', KEYS[4], 0, 0)
 if #head > 0 and head[1] ~= id then
   return {0, 0, string.format('%.0f', ticket)}
 end
-local fence, why = fence_next(KEYS[2], now)
+local fence, why = fence_next(KEYS[2], now, ARGV[8])
 if not fence then return redis.error_reply(why) end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if id ~= '-' then redis.call('DEL', KEYS[6] .. ':' .. id) end

@@ -24,9 +24,21 @@ end
 local function fence_time(now)
   return now[1] .. string.sub('00000' .. now[2], -6)
 end
+-- TIME rounded up to a multiple of `step` us (a divisor of 1,000,000 from 2 up; anything else:
+-- TIME itself), in the shape TIME has
+local function fence_step_up(now, step)
+  step = tonumber(step or '0') or 0
+  if step < 2 or step > 1000000 or 1000000 % step ~= 0 then return now end
+  local us = math.ceil(tonumber(now[2]) / step) * step
+  if us < 1000000 then return {now[1], string.format('%d', us)} end
+  return {string.format('%d', tonumber(now[1]) + 1), '0'}
+end
 -- the fence a grant stores and returns: max(F + 1, TIME in us); or nil and why (F is not a
--- fence, or F is FENCE_MAX: no larger fence exists, so none is issued rather than a repeat)
-local function fence_next(key, now)
+-- fence, or F is FENCE_MAX: no larger fence exists, so none is issued rather than a repeat).
+-- With `step` (see fence_step_up), the TIME floor is rounded up to a multiple of it: servers
+-- whose clocks agree within it, granting over the same F, return the same fence, so an
+-- N-server grant whose majority returned one value needs no fence commit (_core/fencing.py)
+local function fence_next(key, now, step)
   local f, why = fence_read(key)
   if not f then return nil, why end
   if f == FENCE_MAX then
@@ -38,7 +50,7 @@ local function fence_next(key, now)
   if i > 0 then
     next = string.sub(f, 1, i - 1) .. string.char(string.byte(f, i) + 1) .. string.rep('0', #f - i)
   end
-  local floor = fence_time(now)
+  local floor = fence_time(fence_step_up(now, step))
   if fence_less(next, floor) then return floor end
   return next
 end

@@ -8,6 +8,8 @@
 -- ARGV[5] waiter id, stable over one acquire() call
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
+-- ARGV[8] the fence's TIME floor step in us (see fence_math.lua's fence_step_up; '0' or
+--         absent: TIME itself)
 -- returns {1, fence}   entered; fence = max(F + 1, server TIME in us), stored in F
 --         {0, pttl_ms} refused: a writer holds it or waits (pttl of that key); a caller that
 --                      will wait is registered as a waiter
@@ -33,7 +35,7 @@ if blocker then
   end
   return {0, pttl}
 end
-local fence, why = fence_next(KEYS[2], now)
+local fence, why = fence_next(KEYS[2], now, ARGV[8])
 if not fence then return redis.error_reply(why) end
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)

@@ -8,6 +8,8 @@
 -- ARGV[4] '1' when woken (unused)      ARGV[5] waiter id, stable over one acquire() call
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
+-- ARGV[8] the fence's TIME floor step in us (see fence_math.lua's fence_step_up; '0' or
+--         absent: TIME itself)
 -- returns {1, fence}   granted; fence = max(F + 1, server TIME in us), stored in F, so it is
 --                      larger than every reader's and writer's fence issued here before
 --         {0, pttl_ms} refused: a writer holds it, or readers are in (pttl: the longest
@@ -35,7 +37,7 @@ local last = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
 if #last > 0 then
   return refuse(math.max(1, tonumber(last[2]) - now_ms))
 end
-local fence, why = fence_next(KEYS[2], now)
+local fence, why = fence_next(KEYS[2], now, ARGV[8])
 if not fence then return redis.error_reply(why) end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if redis.call('GET', KEYS[7]) == ARGV[5] then redis.call('DEL', KEYS[7]) end
