@@ -7,7 +7,12 @@ import asyncio
 import gc
 import weakref
 
+import pytest
+
 from fencelock._async import driver
+from fencelock._core.effects import UNHEARD, Broadcast
+from fencelock._core.quorum import Tally
+from fencelock._core.replies import classify_acquire
 
 
 class _Round:
@@ -63,3 +68,56 @@ def test_a_guard_does_not_keep_its_loop_alive() -> None:
     # (the guard's task referred to its loop, the key of the guards' table: held strongly,
     # every job's loop stayed alive with all it held, and a simulation run slowed to a crawl)
     assert loops[0]() is None
+
+
+class _Conn:
+    def close(self) -> None:
+        pass
+
+
+class _Call:
+    """Just what a round reads of a call that ended."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.suspect = self.give_up = None
+        self.conn = _Conn()
+
+
+@pytest.mark.parametrize(
+    ("exc", "afters"),
+    [
+        (None, [0.0]),  # a late grant heard: released at once
+        (asyncio.CancelledError(), [0.0, driver.GIVE_UP_S]),  # asyncio.run() cancelled it
+        (ConnectionResetError(), [0.0, driver.GIVE_UP_S]),  # its connection was lost
+    ],
+    ids=["heard", "cancelled", "reset"],
+)
+def test_a_given_up_rounds_call_that_ends_late_has_its_grant_released(
+    monkeypatch: pytest.MonkeyPatch, exc: BaseException | None, afters: list[float]
+) -> None:
+    # simulation seed 742338133: asyncio.run() cancelled a straggler's task before the loop
+    # guard's, so the guard no longer saw the call, and its grant stayed until its TTL
+    asked: list[tuple[object, float]] = []
+
+    class _Background:
+        def repeat(self, servers: object, effect: object, *, after_s: float = 0.0) -> None:
+            asked.append((effect, after_s))
+
+    monkeypatch.setattr(driver, "background", _Background)
+    seen: list[object] = []
+
+    def late(index: int, reply: object) -> str:
+        seen.append(reply)
+        return f"release on {index}"
+
+    effect = Broadcast("acquire", (0, 1), ("k",), (), classify_acquire, None, 1.0, Tally(2))
+    effect.late = late  # type: ignore[assignment]
+    round_ = driver._Round(effect, 0.0, None, 1.0)  # type: ignore[arg-type]
+    round_.collecting = False  # parked: its calls are stragglers
+    call = _Call(1)
+    round_.open[call] = None  # type: ignore[index]
+    round_.done(call, [1, b"7"], exc)  # type: ignore[arg-type]
+    assert seen == [[1, b"7"] if exc is None else UNHEARD]
+    assert asked == [("release on 1", after) for after in afters]
+    assert not round_.open

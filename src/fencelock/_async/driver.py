@@ -509,12 +509,11 @@ class _Round:
                 call.give_up.cancel()
             if exc is not None and not isinstance(exc, asyncio.CancelledError):
                 call.conn.close()  # (a given-up call's connection closes once unwanted)
-            late = self.effect.late
-            if exc is None and late is not None:
-                # a given-up attempt's grant heard only now: released there
-                repeat = late(call.index, result)
-                if repeat is not None:
-                    background().repeat(self.servers, repeat)
+            # a given-up attempt's grant heard only now is released there; so is what a call
+            # that ended without a reply may have taken (abandoned, its connection lost, or
+            # its task cancelled as asyncio.run() ends, before the loop guard ran: simulation
+            # seed 742338133)
+            self._release_late(call.index, result if exc is None else fx.UNHEARD)
             return
         effect = self.effect
         if exc is not None:
@@ -545,24 +544,37 @@ class _Round:
     def shut_down(self) -> None:
         """The loop is shutting down: a given-up attempt's calls still out (``effect.late``
         set) have their connections closed, and what each may have taken is released on its
-        server from the background thread GIVE_UP_S later (a request already on its way may
-        still land: it is heard no more, but it is outlasted as a heard one would be). Other
-        rounds' calls are left as they are."""
-        late = self.effect.late
-        if late is None:
+        server from the background thread: at once (a grant that landed while its reply was
+        on its way is gone within a round trip, not GIVE_UP_S later: simulation seed
+        742338133) and again GIVE_UP_S later (a request still on its way may land after the
+        first: heard no more, it is outlasted as a heard one would be). Other rounds' calls
+        are left as they are."""
+        if self.effect.late is None:
             return
         for call in [*self.open, *self.expired]:
             call.conn.close()
-            repeat = late(call.index, fx.UNHEARD)
-            if repeat is not None:
-                background().repeat(self.servers, repeat, after_s=GIVE_UP_S)
+            self._release_late(call.index, fx.UNHEARD)
         self.open.clear()
         self.expired.clear()
 
+    def _release_late(self, index: int, reply: object) -> None:
+        """A given-up attempt's call to server ``index`` ended after its round with
+        ``reply`` (:data:`~fencelock._core.effects.UNHEARD`: none can come): what it took there
+        is released from the background thread, at once, and for an unheard one again
+        GIVE_UP_S later (its request may still be on its way)."""
+        late = self.effect.late
+        repeat = None if late is None else late(index, reply)
+        if repeat is None:
+            return
+        for after_s in (0.0, GIVE_UP_S) if reply is fx.UNHEARD else (0.0,):
+            background().repeat(self.servers, repeat, after_s=after_s)
+
     def drop_expired(self, call: _Call) -> None:
-        """An expired call still silent GIVE_UP_S later: abandoned."""
+        """An expired call still silent GIVE_UP_S later: abandoned (what a given-up attempt's
+        call may yet take there is released, :meth:`_release_late`)."""
         if self.expired.pop(call, None) is not None:
             call.abandon()
+            self._release_late(call.index, fx.UNHEARD)
 
     def expire(self) -> None:
         """The deadline passed: every call still open is a TimeoutError vote (its outcome

@@ -120,8 +120,9 @@ class Broadcast:
       flow's. None (the default): nothing. Like ``land``, a flow sets it once it gives the
       round up: a late grant of a given-up attempt is released there (see
       :func:`~fencelock._core.acquire.give_up`). Called with :data:`UNHEARD` for a call
-      whose reply can no longer be heard (the asyncio driver's loop shut down with it still
-      out): the ``Repeat`` then goes out after the driver's hearing window instead;
+      that ended without a reply (the asyncio driver: abandoned, its connection lost, its
+      task cancelled, or its loop shut down with it still out): the ``Repeat`` then goes out
+      at once and again after the driver's hearing window (its request may still land);
     - ``wait``: each call is followed by this ``WAIT`` in the same pipeline, and ``classify``
       gets a :class:`Replicated` (reply and acknowledgements) instead of the bare reply.
     """
