@@ -105,7 +105,9 @@ class _LoopGuard:
     __slots__ = ("rounds", "task")
 
     def __init__(self) -> None:
-        self.rounds: weakref.WeakSet[_Round] = weakref.WeakSet()
+        # (a weak dict, not a WeakSet: its order is the rounds' insertion order, so a shutdown
+        # releases in the same order every run; a set's follows object addresses)
+        self.rounds: weakref.WeakKeyDictionary[_Round, None] = weakref.WeakKeyDictionary()
         # weak: the task refers to its loop, the key of ``_guards``, whose value this is (a
         # strong reference kept every loop that ever made a guard, with all it held, alive);
         # the loop keeps the task while it sleeps (its timer) and until it is cancelled
@@ -140,7 +142,7 @@ def _guard(round_: _Round, loop: asyncio.AbstractEventLoop) -> None:
         # not in _background (what callers wait on to see a flow's cleanup end): the guard
         # outlives them; its loop holds it (see _LoopGuard.task)
         guard.task = weakref.ref(loop.create_task(guard.watch()))
-    guard.rounds.add(round_)
+    guard.rounds[round_] = None
 
 
 def _address_of(server: Server) -> Address:
