@@ -250,12 +250,12 @@ class Background:
         queued by the thread itself: a server's queue of late calls is touched by the thread
         only (a caller appending to it while the thread walked it broke the walk, and a call
         appended just before the thread cleared a spent queue was lost)."""
-        now = time.monotonic() + after_s
-        until = now + effect.until_s
+        first = time.monotonic() + after_s
+        until = first + effect.until_s
         for index in effect.targets:
             owner = servers[index]
             server = owner.route(effect.keys)  # a cluster's node
-            call = LateCall(effect.script, effect.keys, effect.args, until, due=now)
+            call = LateCall(effect.script, effect.keys, effect.args, until, due=first)
             self._post(lambda s=server, o=owner, c=call: self._queue(s, o, c))  # type: ignore[misc]
 
     def _queue(self, node: Server, owner: Server, call: LateCall) -> None:
