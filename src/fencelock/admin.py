@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from ._core.handover import HANDED_PREFIX
-from ._core.holder_json import parse_holder
+from ._core.holder_json import parse_holder, split_lock_value
 from ._core.keys import LockKeys, fair_queue_key, limit_key, lock_keys, rw_keys, slot_keys
 from ._core.plan import release_keys
 from ._core.semaphore import check_limit
@@ -480,6 +480,16 @@ def _text(value: object) -> str | None:
     return str(value)
 
 
+def _lock_value(value: object, holder_key: object) -> tuple[bytes | None, object]:
+    """The token and the holder info in a lock key's value (a GET), the info from its
+    separate holder key (a GET: fencelock 0.3 and older wrote it there) when the value has
+    none."""
+    if not isinstance(value, bytes):
+        return None, None
+    token, info = split_lock_value(value)
+    return token, (info if info is not None else holder_key)
+
+
 def _holder(raw: object) -> dict[str, Any] | None:
     text = _text(raw)
     if not text:
@@ -536,7 +546,8 @@ def _family_probe(client: redis.Redis, row: ServerStatus, name: str, limit: int 
     replies = pipe.execute() if slots else []
     permits: list[Lessee] = []
     for index, slot in enumerate(slots):
-        token, pttl, holder = replies[3 * index : 3 * index + 3]
+        value, pttl, holder_key = replies[3 * index : 3 * index + 3]
+        token, holder = _lock_value(value, holder_key)
         token_text = _text(token)
         if token_text is not None:
             permits.append(
@@ -584,7 +595,8 @@ def _probe(
         pipe.get(keys.fence)
         pipe.zrange(fair_queue_key(keys), 0, -1)
         pipe.pttl(keys.handoff)
-        token, pttl, holder, fence, queue, handoff = pipe.execute()
+        value, pttl, holder_key, fence, queue, handoff = pipe.execute()
+        token, holder = _lock_value(value, holder_key)
         if isinstance(handoff, int) and handoff != -2:
             row["handoff_ttl_s"] = handoff / 1000 if handoff >= 0 else None
         if queue:
@@ -663,12 +675,15 @@ def _force_one(url: str, keys: LockKeys, timeout: float) -> ServerOutcome:
         return ServerOutcome(name, client)
     try:
         for _ in range(FORCE_ATTEMPTS):
-            token, holder = client.mget([keys.lock, keys.holder])
-            if token is None:
+            value, holder_key = client.mget([keys.lock, keys.holder])
+            if value is None:
                 client.delete(keys.holder, keys.handoff)
                 return ServerOutcome(name, "free")
-            if _run_release(client, keys, token):
-                client.delete(keys.handoff)  # newcomers need not step aside for anyone
+            token, holder = _lock_value(value, holder_key)
+            if _run_release(client, keys, value):
+                # newcomers need not step aside for anyone; fencelock 0.3 and older kept its
+                # holder info in a key of its own
+                client.delete(keys.handoff, keys.holder)
                 return ServerOutcome(name, "deleted", str(_text(token))[:8], _text(holder))
         return ServerOutcome(name, "busy")
     except Exception as exc:

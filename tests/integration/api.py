@@ -263,7 +263,17 @@ def our_keys(client: redis.Redis, name: str) -> dict[str, int | str]:
 
 
 def lock_value(client: redis.Redis, name: str) -> str | None:
+    """The token the lock key holds on one server (its value up to byte 255, after which the
+    holder info goes), or None when there is no key."""
     raw = client.get(lock_keys(name).lock)
     if raw is None:
         return None
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+    return raw.partition(b"\xff")[0].decode() if isinstance(raw, bytes) else str(raw)
+
+
+def lock_holder(client: redis.Redis, name: str) -> str | None:
+    """The holder info in the lock key's value on one server (after byte 255), or None."""
+    raw = client.get(lock_keys(name).lock)
+    if not isinstance(raw, bytes) or b"\xff" not in raw:
+        return None
+    return raw.partition(b"\xff")[2].decode()

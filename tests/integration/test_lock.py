@@ -11,7 +11,15 @@ import time
 from typing import Any
 
 import pytest
-from api import FENCE_KEPT, LockFactory, front, lock_value, make_lock, our_keys  # noqa: F401
+from api import (  # noqa: F401
+    FENCE_KEPT,
+    LockFactory,
+    front,
+    lock_holder,
+    lock_value,
+    make_lock,
+    our_keys,
+)
 
 from fencelock import LockLost, NotAcquired, Unavailable
 from fencelock._core.keys import lock_keys
@@ -127,8 +135,9 @@ def test_extend_prolongs(topologies: Any, make_lock: LockFactory, key: str, n: i
     after = [c.pttl(lock_keys(key).lock) for c in _clients(group)]
     assert all(15_000 < p <= 20_000 for p in after)
     assert 15 < lease.remaining() <= 20
-    # the holder info follows the lock's lease
-    assert all(15_000 < c.pttl(lock_keys(key).holder) <= 20_000 for c in _clients(group))
+    # the holder info is in the lock key's value: it follows the lease, and no other key does
+    assert all(lock_holder(c, key) for c in _clients(group))
+    assert all(not c.exists(lock_keys(key).holder) for c in _clients(group))
     lease.extend()  # default: the lock's ttl
     assert all(0 < c.pttl(lock_keys(key).lock) <= 2000 for c in _clients(group))
     assert 1.0 < lease.remaining() <= 2.0
@@ -304,8 +313,9 @@ def test_nothing_left_after_release_but_the_fence(
     lease = lock.acquire(wait=0)
     for client in _clients(group):
         keys = our_keys(client, key)
-        assert set(keys) == {"<lock>", ":fence", ":holder"}
-        assert b"billing" in client.get(lock_keys(key).holder)
+        assert set(keys) == {"<lock>", ":fence"}  # the holder info is in the lock's value
+        assert lock_value(client, key) == lease.token
+        assert "billing" in (lock_holder(client, key) or "")
     lease.release()
     for client in _clients(group):
         assert our_keys(client, key) == {":fence": FENCE_KEPT}

@@ -457,7 +457,7 @@ class World:
         token = grant.token.encode()
         held = 0
         for index, server in enumerate(self.servers):
-            if server.data.get(key) != token:
+            if _token_of(server.data.get(key)) != token:
                 continue
             expiry = server.expires.get(key)
             if expiry is not None and expiry <= math.floor(self.clocks[index]() * 1000.0):
@@ -798,6 +798,7 @@ class World:
                 expiry = server.expires.get(key)
                 if (expiry is not None and expiry <= now_ms) or not isinstance(value, bytes):
                     continue
+                value = _token_of(value)
                 entry = (index, key, value)
                 present.add(entry)
                 first = self._seen.setdefault(entry, now)
@@ -875,7 +876,7 @@ class World:
                     if score is None:
                         continue
                     expiry = int(score) if expiry is None else min(expiry, int(score))
-                elif value != token:
+                elif _token_of(value) != token:
                     continue
                 if expiry is None or self.clocks[index].to_true(expiry / 1000.0) >= deadline:
                     held += 1
@@ -1066,6 +1067,12 @@ def seeded_tokens(rng: random.Random) -> Callable[[int], str]:
         return rng.getrandbits(8 * (nbytes or 32)).to_bytes(nbytes or 32, "big").hex()
 
     return token_hex
+
+
+def _token_of(value: Any) -> Any:
+    """The token in a lock key's value (``lock_value.lua``: the token, then byte 255 and the
+    holder info); anything else as it is."""
+    return value.partition(b"\xff")[0] if isinstance(value, bytes) else value
 
 
 def reset_engine() -> None:

@@ -11,12 +11,29 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-__all__ = ["MAX_HOLDER_CHARS", "MAX_HOLDER_DEPTH", "parse_holder"]
+__all__ = [
+    "LOCK_VALUE_SEPARATOR",
+    "MAX_HOLDER_CHARS",
+    "MAX_HOLDER_DEPTH",
+    "parse_holder",
+    "split_lock_value",
+]
 
 #: Longest holder info parsed (characters); fencelock's own is well under 1 KiB.
 MAX_HOLDER_CHARS: Final = 65_536
 #: Deepest nesting of arrays and objects parsed; fencelock's own holder info has depth 1.
 MAX_HOLDER_DEPTH: Final = 16
+#: What separates the token from the holder info in a lock key's value (``lock_value.lua``):
+#: byte 255, which no UTF-8 text (so no token) holds.
+LOCK_VALUE_SEPARATOR: Final = b"\xff"
+
+
+def split_lock_value(value: bytes) -> tuple[bytes, bytes | None]:
+    """A lock key's value as (token, holder info); the info is None when the value has none
+    (written without holder info, handed over by a release, or by fencelock 0.3 and older,
+    which kept it in a key of its own)."""
+    token, separator, info = value.partition(LOCK_VALUE_SEPARATOR)
+    return (token, info) if separator else (token, None)
 
 
 def _depth(text: str) -> int:

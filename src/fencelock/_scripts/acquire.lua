@@ -1,8 +1,9 @@
 -- acquire: take the lock if it is free and bump the fence register, in one round trip.
--- KEYS[1] lock key            KEYS[2] fence register              KEYS[3] holder info
+-- KEYS[1] lock key (value: see lock_value.lua)                  KEYS[2] fence register
+-- KEYS[3] holder info of fencelock 0.3 and older (unused)
 -- KEYS[4] waiters (zset: waiter id -> expiry in server ms)        KEYS[5] hand-off marker
 -- KEYS[6] wake list           KEYS[7] claimed list (a claimed hand-off grant's element)
--- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
+-- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none): kept in the lock key's value
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
 -- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
@@ -22,6 +23,7 @@
 -- An error reply, nothing granted, when F is not a fence or is at 2^63 - 1.
 -- #include fence_math.lua
 -- #include waiting.lua
+-- #include lock_value.lua
 local now = redis.call('TIME')
 local function refuse(pttl)
   local patience = tonumber(ARGV[6])
@@ -39,7 +41,6 @@ local function grant()
   if ARGV[4] == '1' then redis.call('DEL', KEYS[5]) end
   if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
   fence_store(KEYS[2], fence, now, ARGV[7])
-  if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
   return {1, fence}
 end
 if ARGV[4] ~= '1' then
@@ -49,7 +50,8 @@ if ARGV[4] ~= '1' then
   -- hand) would turn every newcomer away for ever, so it is removed
   if marker == -1 then redis.call('DEL', KEYS[5]) end
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local value = lock_value(ARGV[1], ARGV[3])
+if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
   redis.call('DEL', KEYS[7])  -- the lock was free: a claim left there (its holder gone) is over
   return grant()
 end
@@ -60,10 +62,10 @@ local function claimed(token)
   return false
 end
 local holder = redis.call('GET', KEYS[1])
-if holder and string.byte(holder, 1) == 104 and not claimed(holder) then
+if holder and string.byte(holder, 1) == 104 and not claimed(lock_token(holder)) then
   if redis.call('EXISTS', KEYS[6]) == 0 then
     redis.call('DEL', KEYS[7])
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
     return grant()
   end
   -- still waiting to be claimed: the caller blocks for what is left of the window (claiming

@@ -1,16 +1,18 @@
 -- elect_announce: name the leader beside the lock it holds, then wake every observer.
--- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] observers (zset: observer id -> expiry in
+-- KEYS[1] lock key (value: see lock_value.lua)
+-- KEYS[2] holder info of fencelock 0.3 and older (unused)
+-- KEYS[3] observers (zset: observer id -> expiry in
 -- server ms); an observer's wake list is KEYS[3] .. ':' .. its id (same hash tag)
 -- ARGV[1] token ('' = only wake the observers: a term ended)
 -- ARGV[2] holder info naming the leader and its term (JSON)   ARGV[3] wake list lifetime in ms
 -- returns 1 announced (the lock is ours here) or observers woken; 0 not ours here: nothing
 --         named, but the observers are woken all the same (one blocked on this server would
 --         otherwise sleep through a term that a majority elsewhere granted)
+-- #include lock_value.lua
 local ours = 1
 if ARGV[1] ~= '' then
-  if redis.call('GET', KEYS[1]) == ARGV[1] then
-    local pttl = redis.call('PTTL', KEYS[1])
-    if pttl > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', pttl) end
+  if lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
+    redis.call('SET', KEYS[1], lock_value(ARGV[1], ARGV[2]), 'KEEPTTL')
   else
     ours = 0
   end

@@ -1,9 +1,10 @@
 -- fair_acquire: queue the caller by arrival ticket, and grant only to the head of the queue.
--- KEYS[1] lock key            KEYS[2] fence register              KEYS[3] holder info
+-- KEYS[1] lock key (value: see lock_value.lua)                  KEYS[2] fence register
+-- KEYS[3] holder info of fencelock 0.3 and older (unused)
 -- KEYS[4] queue (zset: waiter id -> arrival ticket)
 -- KEYS[5] heartbeats (zset: waiter id -> expiry in server ms)
 -- KEYS[6] wake prefix: a waiter's wake list is KEYS[6] .. ':' .. its id (same hash tag)
--- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none)
+-- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none): kept in the lock key's value
 -- ARGV[4] waiter id, stable over one acquire() call ('-': a caller that will not wait); the
 --         token starts with it (fair_release finds the holder's entry from the token)
 -- ARGV[5] the caller's ticket ('0': not known yet; an arrival here proposes one)
@@ -22,6 +23,7 @@
 -- The fence is a decimal string (exact past 2^53; see fence_math.lua); an error reply, nothing
 -- granted, when F is not a fence or is at 2^63 - 1.
 -- #include fence_math.lua
+-- #include lock_value.lua
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -57,8 +59,7 @@ if #head > 0 and head[1] ~= id then
 end
 local fence, why = fence_next(KEYS[2], now, ARGV[8])
 if not fence then return redis.error_reply(why) end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], lock_value(ARGV[1], ARGV[3]), 'PX', ARGV[2])
 if id ~= '-' then redis.call('DEL', KEYS[6] .. ':' .. id) end
 fence_store(KEYS[2], fence, now, ARGV[7])
-if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
 return {1, fence}

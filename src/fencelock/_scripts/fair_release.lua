@@ -1,6 +1,8 @@
 -- fair_release: take the holder's own entry out of the queue (its waiter id is the token's
 -- first 16 characters), compare-and-delete, then wake the head of the queue (and only it).
--- KEYS[1] lock key   KEYS[2] holder info
+-- KEYS[1] lock key (value: see lock_value.lua)
+-- KEYS[2] holder info of fencelock 0.3 and older (deleted with the lock: the info is in the
+--         value now)
 -- KEYS[3] queue (zset: waiter id -> arrival ticket)
 -- KEYS[4] heartbeats (zset: waiter id -> expiry in server ms)
 -- KEYS[5] wake prefix: a waiter's wake list is KEYS[5] .. ':' .. its id (same hash tag)
@@ -10,6 +12,7 @@
 --         grant never landed here): only the holder's queue entry and wake list are gone
 -- Either way, when the lock is free here the head is woken (waiters may block on this server
 -- although the grant that is ending was won on the others).
+-- #include lock_value.lua
 local id = string.sub(ARGV[1], 1, 16)
 redis.call('DEL', KEYS[5] .. ':' .. id)
 if redis.call('ZREM', KEYS[3], id) == 1 then
@@ -17,7 +20,7 @@ if redis.call('ZREM', KEYS[3], id) == 1 then
   if redis.call('ZCARD', KEYS[3]) == 0 then redis.call('DEL', KEYS[3], KEYS[4]) end
 end
 local ours = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   redis.call('DEL', KEYS[1], KEYS[2])
   ours = 1
 end

@@ -1,5 +1,8 @@
 -- release: compare-and-delete; then hand the lock to the waiters, or wake one of them.
--- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] waiters (zset: id -> expiry in server ms)
+-- KEYS[1] lock key (value: see lock_value.lua)
+-- KEYS[2] holder info of fencelock 0.3 and older (deleted with the lock: the info is in the
+--         value now)
+-- KEYS[3] waiters (zset: id -> expiry in server ms)
 -- KEYS[4] wake list  KEYS[5] hand-off marker
 -- KEYS[6] fence register                  KEYS[7] claimed list
 -- ARGV[1] token      ARGV[2] hand-off window in ms   ARGV[3] wake element lifetime in ms
@@ -16,7 +19,8 @@
 -- ARGV[2] ms; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
 -- then answers why: a release never fails for want of a next fence).
 -- #include fence_math.lua
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- #include lock_value.lua
+if not lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])

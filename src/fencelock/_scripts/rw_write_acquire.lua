@@ -1,10 +1,11 @@
 -- rw_write_acquire: take the write lock if no writer holds it and no reader is live; a writer
 -- that will wait sets the intent marker, which stops new readers from entering.
--- KEYS[1] lock key            KEYS[2] fence register (shared with readers)
--- KEYS[3] holder info         KEYS[4] waiters (zset: waiter id -> expiry in server ms)
+-- KEYS[1] lock key (value: see lock_value.lua)   KEYS[2] fence register (shared with readers)
+-- KEYS[3] holder info of fencelock 0.3 and older (unused)
+--                           KEYS[4] waiters (zset: waiter id -> expiry in server ms)
 -- KEYS[5] hand-off marker (unused; the plain lock's release sets it)
 -- KEYS[6] readers (zset: token -> expiry in server ms)   KEYS[7] writer intent marker
--- ARGV[1] token      ARGV[2] lease in ms      ARGV[3] holder info ('' = none)
+-- ARGV[1] token      ARGV[2] lease in ms      ARGV[3] holder info ('' = none): kept in the lock key's value
 -- ARGV[4] '1' when woken (unused)      ARGV[5] waiter id, stable over one acquire() call
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
@@ -19,6 +20,7 @@
 -- granted, when F is not a fence or is at 2^63 - 1.
 -- #include fence_math.lua
 -- #include waiting.lua
+-- #include lock_value.lua
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local function refuse(pttl)
@@ -39,9 +41,8 @@ if #last > 0 then
 end
 local fence, why = fence_next(KEYS[2], now, ARGV[8])
 if not fence then return redis.error_reply(why) end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[1], lock_value(ARGV[1], ARGV[3]), 'PX', ARGV[2])
 if redis.call('GET', KEYS[7]) == ARGV[5] then redis.call('DEL', KEYS[7]) end
 redis.call('ZREM', KEYS[4], ARGV[5])
 fence_store(KEYS[2], fence, now, ARGV[7])
-if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[2]) end
 return {1, fence}

@@ -1,11 +1,15 @@
 -- rw_write_release: compare-and-delete the write lock; wake every waiter (up to 64): readers
 -- waiting behind the writer may all enter now, and a waiting writer must not miss its turn.
--- KEYS[1] lock key   KEYS[2] holder info   KEYS[3] waiters (zset: id -> expiry in server ms)
+-- KEYS[1] lock key (value: see lock_value.lua)
+-- KEYS[2] holder info of fencelock 0.3 and older (deleted with the lock: the info is in the
+--         value now)
+-- KEYS[3] waiters (zset: id -> expiry in server ms)
 -- KEYS[4] wake list
 -- ARGV[1] token      ARGV[2] hand-off window in ms (unused)   ARGV[3] wake element lifetime in ms
 -- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
 -- #include waiting.lua
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- #include lock_value.lua
+if not lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2])

@@ -1,10 +1,11 @@
 -- sem_acquire: take a free slot (the proposed one first) and bump the ONE fence register.
 -- KEYS[1] fence register             KEYS[2] waiters (zset: waiter id -> expiry in server ms)
--- KEYS[3 + 3i] slot i's lock key      KEYS[4 + 3i] slot i's holder info
+-- KEYS[3 + 3i] slot i's lock key (value: see lock_value.lua)
+-- KEYS[4 + 3i] slot i's holder info of fencelock 0.3 and older (unused)
 -- KEYS[5 + 3i] slot i's hand-off marker             (variadic: 3 keys per slot, i = 0..limit-1)
 -- KEYS[#KEYS - 1] the limit key (the limit of the semaphore's permits; TTL: the longest
 --                 lease granted)           KEYS[#KEYS] slot 'limit''s lock key (out of range)
--- ARGV[1] token      ARGV[2] lease in ms      ARGV[3] holder info ('' = none)
+-- ARGV[1] token      ARGV[2] lease in ms      ARGV[3] holder info ('' = none): kept in the slot's lock key's value
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
 -- ARGV[5] waiter id, stable over one acquire() call
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
@@ -23,6 +24,7 @@
 -- granted, when F is not a fence or is at 2^63 - 1.
 -- #include fence_math.lua
 -- #include waiting.lua
+-- #include lock_value.lua
 local now = redis.call('TIME')
 local woken = ARGV[4] == '1'
 local shortest = -1
@@ -48,7 +50,7 @@ for step = 0, slots - 1 do
   end
   if pttl >= 0 then
     -- the marker's window: this slot is kept for a woken waiter
-  elseif redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then
+  elseif redis.call('SET', key, lock_value(ARGV[1], ARGV[3]), 'NX', 'PX', ARGV[2]) then
     local fence, why = fence_next(KEYS[1], now)
     if not fence then
       redis.call('DEL', key)  -- just taken by us: no permit without a fence
@@ -60,7 +62,6 @@ for step = 0, slots - 1 do
     end
     redis.call('ZREM', KEYS[2], ARGV[5])
     fence_store(KEYS[1], fence, now, ARGV[8])
-    if ARGV[3] ~= '' then redis.call('SET', KEYS[4 + 3 * i], ARGV[3], 'PX', ARGV[2]) end
     return {1, fence, i}
   else
     pttl = redis.call('PTTL', key)

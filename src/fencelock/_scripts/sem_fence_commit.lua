@@ -1,6 +1,6 @@
 -- sem_fence_commit: second round of an N-server permit; raise F to the merged fence while we
 -- hold the slot, and say what F was, so that two permits granted at once never share a fence.
--- KEYS[1] the slot's lock key   KEYS[2] the semaphore's fence register
+-- KEYS[1] the slot's lock key (value: see lock_value.lua)   KEYS[2] the semaphore's fence register
 -- ARGV[1] token                 ARGV[2] merged fence (canonical decimal integer, <= 2^63 - 1)
 -- ARGV[3] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
 -- returns {1, previous F}  the key is still ours and F >= the fence now (previous F as a
@@ -9,7 +9,8 @@
 --         an error reply, nothing changed, when F or ARGV[2] is not a fence (compared exactly,
 --         as decimal strings: see fence_math.lua)
 -- #include fence_math.lua
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- #include lock_value.lua
+if not lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   return {0}
 end
 local previous, why = fence_raise(KEYS[2], ARGV[2], ARGV[3])

@@ -64,6 +64,7 @@ from typing import Any, Protocol, TypeVar
 
 import redis
 
+from .._core.holder_json import split_lock_value
 from .._core.keys import lock_keys, rw_keys, slot_keys
 from .._sync.family import Semaphore
 from .._sync.lock import Lease, Lock, Permit
@@ -272,7 +273,11 @@ def _lua_release(env: Env, conn: redis.Redis, key: str) -> tuple[bool, bool, Lea
     _wait_gone(conn, lock_keys(key).lock)  # A stalls and its lease runs out
     lease_b = lock.acquire()
     refused = _released(lease_a) == "LockLost"
-    return refused, conn.get(lock_keys(key).lock) == lease_b.token, lease_b
+    # the key holds B's token, then (byte 255) B's holder info: not text, so read as bytes
+    execute: Any = conn.execute_command  # untyped in redis-py
+    value = execute("GET", lock_keys(key).lock, NEVER_DECODE=True)
+    held_by_b = isinstance(value, bytes) and split_lock_value(value)[0] == lease_b.token.encode()
+    return refused, held_by_b, lease_b
 
 
 def release(env: Env, protected: bool) -> Outcome:
