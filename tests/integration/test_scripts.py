@@ -53,8 +53,8 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
-    "acquire": "e25a1b55c0344e2a44770576f6e33377b4a758be",
-    "release": "2cf56deb3dd2cb6296458cad57902b97677c0aa9",
+    "acquire": "c00ad876dbb977ccae15ea9bbcf0d3fca9b9286c",
+    "release": "bc1bb10a7bfb971cbce221d25fbc5effb8102e55",
     "extend": "a6e660c9f7508d1b7c2a6fe0c162d5b624ec0f98",
     "fence_commit": "b00dab476a1bed11fe076beaf3900763fcc730e2",
     "elect_announce": "dd29974f83341620196507c6b189fa075974cfe3",

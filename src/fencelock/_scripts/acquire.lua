@@ -51,10 +51,9 @@ if ARGV[4] ~= '1' then
   if marker == -1 then redis.call('DEL', KEYS[5]) end
 end
 local value = lock_value(ARGV[1], ARGV[3])
-if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
-  redis.call('DEL', KEYS[7])  -- the lock was free: a claim left there (its holder gone) is over
-  return grant()
-end
+-- (the lock was free: a claim left in KEYS[7] by a holder that is gone is over, but it is
+-- harmless until the next hand-over, which starts a new list, and the release deletes it)
+if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return grant() end
 local function claimed(token)
   for _, element in ipairs(redis.call('LRANGE', KEYS[7], 0, 7)) do
     if string.sub(element, 1, #token + 1) == token .. ' ' then return true end

@@ -23,12 +23,12 @@
 if not lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2])
+-- the claimed list goes too: a handed-over grant's claim goes with it, and a claim left by an
+-- earlier holder that is gone (the lock was free when we took it) is over
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[7])
 if string.byte(ARGV[1], 1) == 104 then
-  -- a handed-over grant: its claim goes with it; released before anyone claimed it (an admin
-  -- release within the window), its element must not be claimed later, when the lock key
-  -- may be someone else's
-  redis.call('DEL', KEYS[7])
+  -- a handed-over grant released before anyone claimed it (an admin release within the
+  -- window): its element must not be claimed later, when the lock key may be someone else's
   local mine = ARGV[1] .. ' '
   for _, element in ipairs(redis.call('LRANGE', KEYS[4], 0, 7)) do
     if string.sub(element, 1, #mine) == mine then
@@ -48,8 +48,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
     if ARGV[4] ~= '' then fence = fence_next(KEYS[6], now) end
     if fence then
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-      fence_store(KEYS[6], fence, now, ARGV[7])
-      redis.call('DEL', KEYS[7])
+      fence_store(KEYS[6], fence, now, ARGV[7])  -- (KEYS[7], the last claim, is gone above)
       redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5] .. ' ' .. ARGV[2])
       redis.call('PEXPIRE', KEYS[4], ARGV[2])
     else
