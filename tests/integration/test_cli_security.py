@@ -79,12 +79,17 @@ def test_status_escapes_a_leader_name(server: Server, key: str) -> None:
 DEEP = "[" * 200_000 + "]" * 200_000  # json.loads recurses once per level
 
 
+@pytest.mark.parametrize("where", ["value", "holder key"])
 def test_status_and_leader_survive_holder_info_nested_without_bound(
-    server: Server, client: redis.Redis, key: str
+    server: Server, client: redis.Redis, key: str, where: str
 ) -> None:
+    """In the lock key's value (after byte 255), or in the ``:holder`` key of 0.3's layout."""
     keys = lock_keys(key)
-    client.set(keys.lock, "f" * 40, px=30_000)
-    client.set(keys.holder, DEEP, px=30_000)
+    if where == "value":
+        client.set(keys.lock, b"f" * 40 + b"\xff" + DEEP.encode(), px=30_000)
+    else:
+        client.set(keys.lock, "f" * 40, px=30_000)
+        client.set(keys.holder, DEEP, px=30_000)
     result = cli("status", "--key", key, "--server", server.url, "--json")
     assert result.returncode == 0, result.stderr
     assert "RecursionError" not in result.stderr
