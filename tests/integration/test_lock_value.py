@@ -50,8 +50,8 @@ def key() -> str:
 
 
 def _extend(client: redis.Redis, name: str, token: str, ms: int) -> Any:
-    """extend.lua once, as the library runs it (KEYS: lock key, 0.3's holder key)."""
-    return client.eval(EXTEND.source, 2, lock_key(name), lock_key(name) + ":holder", token, ms)
+    """extend.lua once, as the library runs it."""
+    return client.eval(EXTEND.source, 1, lock_key(name), token, ms)
 
 
 def test_a_held_lock_is_one_key_holding_its_token_and_holder_info(

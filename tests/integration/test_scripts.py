@@ -55,7 +55,7 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 SHAS = {
     "acquire": "c00ad876dbb977ccae15ea9bbcf0d3fca9b9286c",
     "release": "bc1bb10a7bfb971cbce221d25fbc5effb8102e55",
-    "extend": "a6e660c9f7508d1b7c2a6fe0c162d5b624ec0f98",
+    "extend": "07c66b20e72c628c175ecd454b5939fd251c9f8c",
     "fence_commit": "b00dab476a1bed11fe076beaf3900763fcc730e2",
     "elect_announce": "dd29974f83341620196507c6b189fa075974cfe3",
     "elect_read": "c9c5b1ff47bf53f472c4e106b6335d1f0e347070",

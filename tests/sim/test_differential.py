@@ -171,7 +171,7 @@ def _keys(resource: str) -> dict[str, str]:
 _SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "acquire": ("lock", "fence", "info", "waiters", "handoff", "wake", "claimed"),
     "release": ("lock", "info", "waiters", "wake", "handoff", "fence", "claimed"),
-    "extend": ("lock", "info"),
+    "extend": ("lock",),
     "fence_commit": ("lock", "fence"),
     "elect_announce": ("lock", "info", "observers"),
     "elect_read": ("lock", "info", "observers"),

@@ -42,7 +42,7 @@ def lock_wiring(k: LockKeys) -> Wiring:
         release="release",
         release_keys=release_keys(k),
         extend="extend",
-        extend_keys=(k.lock, k.holder),
+        extend_keys=(k.lock,),
     )
 
 

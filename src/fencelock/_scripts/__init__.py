@@ -48,7 +48,7 @@ def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
 
 ACQUIRE = _load("acquire", 7)
 RELEASE = _load("release", 7)
-EXTEND = _load("extend", 2)
+EXTEND = _load("extend", 1)
 FENCE_COMMIT = _load("fence_commit", 2)
 ELECT_ANNOUNCE = _load("elect_announce", 3)
 ELECT_READ = _load("elect_read", 3)

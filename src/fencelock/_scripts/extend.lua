@@ -1,6 +1,7 @@
 -- extend: compare-and-pexpire; the lease restarts at ARGV[2] ms from now.
--- KEYS[1] lock key (value: see lock_value.lua)
--- KEYS[2] holder info of fencelock 0.3 and older (unused: the holder info is in the value)
+-- KEYS[1] lock key (value: see lock_value.lua; the holder info is in it, so this one key is
+--         the whole lease: no absent key beside it makes a cluster node answer TRYAGAIN while
+--         the slot migrates)
 -- ARGV[1] token      ARGV[2] new lease in ms
 -- returns 1 extended (it was ours); 0 not ours: nothing changed
 -- #include lock_value.lua
