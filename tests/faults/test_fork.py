@@ -104,7 +104,8 @@ def direct_clients(urls: list[str]) -> list[redis.Redis]:
 def holders_of(clients: list[redis.Redis], name: str, token: str) -> int:
     """On how many servers the lock ``name`` holds ``token``."""
     key = lock_keys(name).lock
-    return sum(1 for c in clients if (c.get(key) or b"").decode() == token)
+    # the value: the token, then byte 255 and the holder info
+    return sum(1 for c in clients if (c.get(key) or b"").partition(b"\xff")[0].decode() == token)
 
 
 def majority(n: int) -> int:

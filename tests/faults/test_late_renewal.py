@@ -26,8 +26,8 @@ def server(fencelock_server: Server) -> Iterator[Server]:
 
 def _holder_of(server: Server, name: str) -> bytes | None:
     with server.client() as client:
-        value = client.get(lock_keys(name).lock)
-        return value if isinstance(value, bytes) else None
+        value = client.get(lock_keys(name).lock)  # the token, byte 255, the holder info
+        return value.partition(b"\xff")[0] if isinstance(value, bytes) else None
 
 
 def _hold_for(server: Server, name: str, seconds: float) -> threading.Thread:

@@ -37,8 +37,8 @@ def _value_on(node: ClusterNode, name: str, *, replica: bool = False) -> bytes |
     with contextlib.closing(node.client()) as client:
         if replica:
             client.execute_command("READONLY")
-        value = client.get(lock_keys(name).lock)
-    return value if isinstance(value, bytes) else None
+        value = client.get(lock_keys(name).lock)  # the token, byte 255, the holder info
+    return value.partition(b"\xff")[0] if isinstance(value, bytes) else None
 
 
 def _fail_over(cluster: Cluster, name: str, token: str) -> tuple[ClusterNode, ClusterNode]:
