@@ -1076,8 +1076,9 @@ def _environment(url: str) -> dict[str, Any]:
 def _native_paths(env: Mapping[str, Any]) -> dict[str, Any]:
     """Which path each operation took, and the native compare-and-set commands the server's
     engine and version offer (``SET ... IFEQ``, ``DELIFEQ``, ``DELEX``, as ``fencelock doctor``
-    reads them): fencelock runs its Lua scripts on every server today (an extend touches the
-    lock key and its holder info, which no native command does in one step)."""
+    reads them): fencelock runs its Lua scripts on every server today (``SET ... IFEQ``
+    compares the whole value, token and holder info, which a lease does not keep, and an
+    election's announcement rewrites)."""
     from .doctor import native_commands
 
     return {
