@@ -79,6 +79,12 @@ def check_server_url(url: str) -> str:
 #: Per-server timeout in seconds of every command here: an operator waits for a dead server
 #: this long, not for redis-py's default retries (FAULTS.md F16).
 DEFAULT_TIMEOUT = 1.0
+#: Deletes the hand-off marker (the lock key's empty value: a release woke a waiter, and
+#: newcomers step aside for its window), and nothing that replaced it meanwhile.
+_DELETE_MARKER = (
+    "if redis.call('GET', KEYS[1]) == '' then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
 #: :func:`force_release` tries this many times on a server where the lock changes hands under it.
 FORCE_ATTEMPTS = 3
 
@@ -484,7 +490,7 @@ def _lock_value(value: object, holder_key: object) -> tuple[bytes | None, object
     """The token and the holder info in a lock key's value (a GET), the info from its
     separate holder key (a GET: fencelock 0.3 and older wrote it there) when the value has
     none."""
-    if not isinstance(value, bytes):
+    if not isinstance(value, bytes) or not value:  # none, or the hand-off marker
         return None, None
     token, info = split_lock_value(value)
     return token, (info if info is not None else holder_key)
@@ -597,6 +603,8 @@ def _probe(
         pipe.pttl(keys.handoff)
         value, pttl, holder_key, fence, queue, handoff = pipe.execute()
         token, holder = _lock_value(value, holder_key)
+        if value == b"":  # the hand-off marker (a release woke a waiter): nobody holds it
+            handoff = pttl
         if isinstance(handoff, int) and handoff != -2:
             row["handoff_ttl_s"] = handoff / 1000 if handoff >= 0 else None
         if queue:
@@ -676,7 +684,9 @@ def _force_one(url: str, keys: LockKeys, timeout: float) -> ServerOutcome:
     try:
         for _ in range(FORCE_ATTEMPTS):
             value, holder_key = client.mget([keys.lock, keys.holder])
-            if value is None:
+            if not value:  # none, or the hand-off marker (deleted only while it is one)
+                if value == b"":
+                    client.eval(_DELETE_MARKER, 1, keys.lock)
                 client.delete(keys.holder, keys.handoff)
                 return ServerOutcome(name, "free")
             token, holder = _lock_value(value, holder_key)

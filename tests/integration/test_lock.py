@@ -397,7 +397,9 @@ def test_failed_round_leaves_nothing_of_ours(
     assert "outlived the lease" in str(info.value)
     for client in clients:
         keys = our_keys(client, key)
-        assert "<lock>" not in keys and ":holder" not in keys
+        # the cleanup's release woke the waiter the refused acquire(wait=0.2) registered: the
+        # lock key may hold the hand-off marker (its empty value) for the hand-off window
+        assert lock_value(client, key) in (None, "") and ":holder" not in keys
 
 
 def test_no_orphan_after_a_timed_out_round_on_a_paused_server(

@@ -799,6 +799,8 @@ class World:
                 if (expiry is not None and expiry <= now_ms) or not isinstance(value, bytes):
                     continue
                 value = _token_of(value)
+                if not value:
+                    continue  # the hand-off marker: nobody's, and gone after its window
                 entry = (index, key, value)
                 present.add(entry)
                 first = self._seen.setdefault(entry, now)

@@ -1,7 +1,9 @@
 -- acquire: take the lock if it is free and bump the fence register, in one round trip.
 -- KEYS[1] lock key (value: see lock_value.lua)                  KEYS[2] fence register
 -- KEYS[3] holder info of fencelock 0.3 and older (unused)
--- KEYS[4] waiters (zset: waiter id -> expiry in server ms)        KEYS[5] hand-off marker
+-- KEYS[4] waiters (zset: waiter id -> expiry in server ms)
+-- KEYS[5] hand-off marker of fencelock 0.3 and older (unused: the marker is the lock key's
+--         empty value now, see lock_value.lua)
 -- KEYS[6] wake list           KEYS[7] claimed list (a claimed hand-off grant's element)
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none): kept in the lock key's value
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
@@ -12,7 +14,8 @@
 --         absent: TIME itself)
 -- returns {1, fence}   granted; fence = max(F + 1, server TIME in us stepped up by ARGV[8]),
 --                      stored in F (a decimal string: exact past 2^53; see fence_math.lua)
---         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way;
+--         {0, pttl_ms} refused: another holder has it (or a woken waiter has the right of way:
+--                      the hand-off marker, the lock key's empty value;
 --                      or a handed-over grant waits to be claimed: pttl_ms = its window left);
 --                      a caller that will wait is registered as a waiter until
 --                      min(pttl + 1 s, its remaining wait + 100 ms) from now
@@ -38,29 +41,30 @@ local function grant()
     redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
     return redis.error_reply(why)
   end
-  if ARGV[4] == '1' then redis.call('DEL', KEYS[5]) end
   if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
   fence_store(KEYS[2], fence, now, ARGV[7])
   return {1, fence}
-end
-if ARGV[4] ~= '1' then
-  local marker = redis.call('PTTL', KEYS[5])
-  if marker >= 0 then return refuse(marker) end
-  -- release.lua always sets the marker with a PX: one without (restored, persisted, written by
-  -- hand) would turn every newcomer away for ever, so it is removed
-  if marker == -1 then redis.call('DEL', KEYS[5]) end
 end
 local value = lock_value(ARGV[1], ARGV[3])
 -- (the lock was free: a claim left in KEYS[7] by a holder that is gone is over, but it is
 -- harmless until the next hand-over, which starts a new list, and the release deletes it)
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return grant() end
+local holder = redis.call('GET', KEYS[1])
+if holder == '' then
+  -- the hand-off marker: a woken waiter takes the lock, a newcomer steps aside for the window.
+  -- release.lua always sets it with a PX: one without (restored, persisted, written by hand)
+  -- would turn every newcomer away for ever, so it is not obeyed
+  local marker = redis.call('PTTL', KEYS[1])
+  if ARGV[4] ~= '1' and marker >= 0 then return refuse(marker) end
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  return grant()
+end
 local function claimed(token)
   for _, element in ipairs(redis.call('LRANGE', KEYS[7], 0, 7)) do
     if string.sub(element, 1, #token + 1) == token .. ' ' then return true end
   end
   return false
 end
-local holder = redis.call('GET', KEYS[1])
 if holder and string.byte(holder, 1) == 104 and not claimed(lock_token(holder)) then
   if redis.call('EXISTS', KEYS[6]) == 0 then
     redis.call('DEL', KEYS[7])

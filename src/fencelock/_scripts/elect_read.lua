@@ -18,7 +18,7 @@ if ARGV[1] ~= '' then
   if redis.call('PTTL', KEYS[3]) < lifetime then redis.call('PEXPIRE', KEYS[3], lifetime) end
 end
 local value = redis.call('GET', KEYS[1])
-if not value then
+if not value or value == '' then  -- free, or the hand-off marker: nobody leads
   return {'', -2, ''}
 end
 local token = lock_token(value)

@@ -3,7 +3,7 @@
 -- KEYS[2] holder info of fencelock 0.3 and older (deleted with the lock: the info is in the
 --         value now)
 -- KEYS[3] waiters (zset: id -> expiry in server ms)
--- KEYS[4] wake list  KEYS[5] hand-off marker
+-- KEYS[4] wake list  KEYS[5] hand-off marker of fencelock 0.3 and older (unused: see below)
 -- KEYS[6] fence register                  KEYS[7] claimed list
 -- ARGV[1] token      ARGV[2] hand-off window in ms   ARGV[3] wake element lifetime in ms
 -- ARGV[4] the next holder's token, starting with 'h' ('': only wake a waiter)
@@ -16,7 +16,8 @@
 -- blocked on it claims the grant by moving it to KEYS[7] (BLMOVE); an unclaimed one is void
 -- once it expired (see acquire.lua; a release of the grant's token removes its element).
 -- Without a next token, one waiter is woken to try again, and newcomers step aside for
--- ARGV[2] ms; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
+-- ARGV[2] ms: the lock key holds the hand-off marker (its empty value, see lock_value.lua)
+-- that long; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
 -- then answers why: a release never fails for want of a next fence).
 -- #include fence_math.lua
 -- #include lock_value.lua
@@ -54,7 +55,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
     else
       redis.call('RPUSH', KEYS[4], '1')
       redis.call('PEXPIRE', KEYS[4], ARGV[3])
-      redis.call('SET', KEYS[5], '1', 'PX', ARGV[2])
+      redis.call('SET', KEYS[1], '', 'PX', ARGV[2])
     end
   end
 end

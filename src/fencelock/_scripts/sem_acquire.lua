@@ -2,7 +2,8 @@
 -- KEYS[1] fence register             KEYS[2] waiters (zset: waiter id -> expiry in server ms)
 -- KEYS[3 + 3i] slot i's lock key (value: see lock_value.lua)
 -- KEYS[4 + 3i] slot i's holder info of fencelock 0.3 and older (unused)
--- KEYS[5 + 3i] slot i's hand-off marker             (variadic: 3 keys per slot, i = 0..limit-1)
+-- KEYS[5 + 3i] slot i's hand-off marker of fencelock 0.3 and older (unused: the marker is the
+--              slot's lock key's empty value now)   (variadic: 3 keys per slot, i = 0..limit-1)
 -- KEYS[#KEYS - 1] the limit key (the limit of the semaphore's permits; TTL: the longest
 --                 lease granted)           KEYS[#KEYS] slot 'limit''s lock key (out of range)
 -- ARGV[1] token      ARGV[2] lease in ms      ARGV[3] holder info ('' = none): kept in the slot's lock key's value
@@ -18,8 +19,8 @@
 --                           -1 unknown); a caller that will wait is registered as a waiter
 --         {2, limit}        another limit is in use on this name (-1: unknown, a slot
 --                           beyond ours is held): nothing changed
--- A slot whose hand-off marker is set (a release woke a waiter) is skipped unless woken; a
--- marker without a TTL is stray and deleted.
+-- A slot holding the hand-off marker (a release woke a waiter) is skipped unless woken; a
+-- marker without a TTL is stray and taken like a free slot.
 -- The fence is a decimal string (exact past 2^53; see fence_math.lua); an error reply, nothing
 -- granted, when F is not a fence or is at 2^63 - 1.
 -- #include fence_math.lua
@@ -35,36 +36,31 @@ if stored and stored ~= slots then return {2, stored} end
 if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {2, -1} end
 local proposed = tonumber(ARGV[7] or '') or -1
 if proposed >= slots then proposed = -1 end
+local value = lock_value(ARGV[1], ARGV[3])
+local function grant(i, key)
+  local fence, why = fence_next(KEYS[1], now)
+  if not fence then
+    redis.call('DEL', key)  -- just taken by us: no permit without a fence
+    return redis.error_reply(why)
+  end
+  if redis.call('PTTL', limit_key) < tonumber(ARGV[2]) then
+    redis.call('SET', limit_key, slots, 'PX', ARGV[2])
+  end
+  redis.call('ZREM', KEYS[2], ARGV[5])
+  fence_store(KEYS[1], fence, now, ARGV[8])
+  return {1, fence, i}
+end
 for step = 0, slots - 1 do
   local i = step  -- the proposed slot first, then the others in order
   if step == 0 then i = math.max(proposed, 0) elseif step <= proposed then i = step - 1 end
   local key = KEYS[3 + 3 * i]
-  local marker = KEYS[5 + 3 * i]
-  local pttl = -2
-  if not woken then
-    pttl = redis.call('PTTL', marker)
-    if pttl == -1 then  -- stray: release.lua always sets it with a PX (see acquire.lua)
-      redis.call('DEL', marker)
-      pttl = -2
-    end
-  end
-  if pttl >= 0 then
-    -- the marker's window: this slot is kept for a woken waiter
-  elseif redis.call('SET', key, lock_value(ARGV[1], ARGV[3]), 'NX', 'PX', ARGV[2]) then
-    local fence, why = fence_next(KEYS[1], now)
-    if not fence then
-      redis.call('DEL', key)  -- just taken by us: no permit without a fence
-      return redis.error_reply(why)
-    end
-    if woken then redis.call('DEL', marker) end
-    if redis.call('PTTL', limit_key) < tonumber(ARGV[2]) then
-      redis.call('SET', limit_key, slots, 'PX', ARGV[2])
-    end
-    redis.call('ZREM', KEYS[2], ARGV[5])
-    fence_store(KEYS[1], fence, now, ARGV[8])
-    return {1, fence, i}
-  else
-    pttl = redis.call('PTTL', key)
+  if redis.call('SET', key, value, 'NX', 'PX', ARGV[2]) then return grant(i, key) end
+  local pttl = redis.call('PTTL', key)
+  -- the slot's hand-off marker (its empty value, see lock_value.lua): kept for a woken waiter
+  -- for its window; one without a TTL is stray (release.lua always sets a PX): not obeyed
+  if (woken or pttl == -1) and redis.call('GET', key) == '' then
+    redis.call('SET', key, value, 'PX', ARGV[2])
+    return grant(i, key)
   end
   if pttl >= 0 and (shortest < 0 or pttl < shortest) then shortest = pttl end
 end
