@@ -205,7 +205,8 @@ def test_a_release_at_2_63_minus_1_wakes_a_waiter_instead_of_handing_over(
     client.set(k.fence, str(FENCE_MAX))
     assert _release_to_a_waiter(client, key) == 1  # the release itself succeeds
     assert client.lrange(k.wake, 0, -1) == [b"1"]  # a plain wake-up: no grant, no fence
-    assert client.get(k.lock) is None
+    assert client.get(k.lock) == b""  # the hand-off marker: newcomers step aside
+    assert client.pttl(k.lock) > 0
     assert client.get(k.fence) == str(FENCE_MAX).encode()
 
 
