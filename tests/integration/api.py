@@ -25,6 +25,7 @@ import pytest
 import redis
 
 import fencelock
+from fencelock._core.holder_json import split_lock_value
 from fencelock._core.keys import lock_keys
 from fencelock.options import FENCE_RETENTION
 
@@ -268,12 +269,11 @@ def lock_value(client: redis.Redis, name: str) -> str | None:
     raw = client.get(lock_keys(name).lock)
     if raw is None:
         return None
-    return raw.partition(b"\xff")[0].decode() if isinstance(raw, bytes) else str(raw)
+    return split_lock_value(raw)[0].decode() if isinstance(raw, bytes) else str(raw)
 
 
 def lock_holder(client: redis.Redis, name: str) -> str | None:
     """The holder info in the lock key's value on one server (after byte 255), or None."""
     raw = client.get(lock_keys(name).lock)
-    if not isinstance(raw, bytes) or b"\xff" not in raw:
-        return None
-    return raw.partition(b"\xff")[2].decode()
+    info = split_lock_value(raw)[1] if isinstance(raw, bytes) else None
+    return None if info is None else info.decode()

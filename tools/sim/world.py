@@ -1074,7 +1074,9 @@ def seeded_tokens(rng: random.Random) -> Callable[[int], str]:
 def _token_of(value: Any) -> Any:
     """The token in a lock key's value (``lock_value.lua``: the token, then byte 255 and the
     holder info); anything else as it is."""
-    return value.partition(b"\xff")[0] if isinstance(value, bytes) else value
+    from fencelock._core.holder_json import split_lock_value  # (the engine is imported late)
+
+    return split_lock_value(value)[0] if isinstance(value, bytes) else value
 
 
 def reset_engine() -> None:
