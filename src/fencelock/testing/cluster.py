@@ -277,11 +277,15 @@ class Cluster(Managed):
                 return node
         raise ServerError(f"no node of this cluster on port {port}")
 
-    def wait_ok(self, timeout: float = 30.0, *, replicas: int = 0) -> None:
-        """Wait until every running node says ``cluster_state:ok``, all of them see the
-        same slot owners and every slot covered, and every replica's link to its primary is up
-        (its first sync done: writes from now on reach it); with ``replicas``, also that every
-        node lists at least that many replicas of each slot range.
+    def wait_ok(
+        self, timeout: float = 30.0, *, replicas: int = 0, owner: ClusterNode | None = None
+    ) -> None:
+        """Wait until every running node says ``cluster_state:ok`` with the same current
+        epoch, all of them see the same slot owners and every slot covered, and every
+        replica's link to its primary is up (its first sync done: writes from now on reach
+        it); with ``replicas``, also that every node lists at least that many replicas of
+        each slot range; with ``owner``, also that the nodes name ``owner`` as the owner of
+        some slots (a promoted replica: until then they may still agree on its dead primary).
 
         Raises:
             ServerError: not within ``timeout`` seconds.
@@ -292,6 +296,7 @@ class Cluster(Managed):
             try:
                 views = []
                 seen_by: list[int] = []
+                epochs: set[str] = set()
                 for node in self.nodes:
                     if not node.is_running:
                         continue
@@ -300,6 +305,7 @@ class Cluster(Managed):
                         text = _text(info)
                         if "cluster_state:ok" not in text:
                             raise ServerError(f"{node.port}: not ok yet")
+                        epochs.add(text.split("cluster_current_epoch:")[1].split()[0])
                         ranges = client.execute_command("CLUSTER", "SLOTS")
                         replication = _text(client.execute_command("INFO", "replication"))
                     if "role:slave" in replication and "master_link_status:up" not in replication:
@@ -311,8 +317,14 @@ class Cluster(Managed):
                         raise ServerError(f"{node.port}: {covered} slots covered")
                     views.append(sorted((int(e[0]), int(e[1]), int(e[2][1])) for e in ranges))
                     seen_by.append(node.port)
+                if len(epochs) > 1:
+                    # a replica promoted now takes its own current epoch + 1: one behind the
+                    # others' could tie with its primary's (see _start)
+                    raise ServerError(f"the nodes' current epochs differ: {sorted(epochs)}")
                 if views and all(view == views[0] for view in views):
-                    return
+                    if owner is None or any(port == owner.port for *_, port in views[0]):
+                        return
+                    raise ServerError(f"the nodes do not name {owner.port} as an owner yet")
                 last = "nodes disagree on the slot map: " + "; ".join(
                     f"{port} sees {view}" for port, view in zip(seen_by, views, strict=True)
                 )
@@ -348,6 +360,12 @@ class Cluster(Managed):
         try:
             for node, client in zip(self.nodes, clients, strict=True):
                 node.node_id = _text(client.execute_command("CLUSTER", "MYID"))
+            # distinct config epochs from the start, as ``--cluster create`` gives them: left
+            # at 0 the nodes settle their collisions over a few pings, and a replica promoted
+            # before that could take the same epoch as its dead primary; nodes that still name
+            # the dead one keep it then (a tie is not newer), seen on Redis 7
+            for epoch, client in enumerate(clients, start=1):
+                client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
             per = SLOTS // self.primaries
             for index, client in enumerate(clients[: self.primaries]):
                 first = index * per
@@ -451,17 +469,32 @@ class Cluster(Managed):
                 time.sleep(0.05)
             while True:
                 try:
-                    self.wait_ok(max(0.1, min(PROMOTE_SETTLE_S, deadline - time.monotonic())))
+                    left = max(0.1, min(PROMOTE_SETTLE_S, deadline - time.monotonic()))
+                    self.wait_ok(left, owner=replica)
                     return
-                except ServerError:
+                except ServerError as exc:
                     if time.monotonic() >= deadline:
-                        raise
+                        raise ServerError(f"{exc}\n{self._views()}") from exc
                 # a node kept the dead primary as the owner (its epoch was not seen as newer,
                 # seen once on Redis 7): a fresh epoch for the new owner settles it, and a
                 # node that still names another owner is told, as an operator would (seen once
                 # on Valkey 8.1: every other node kept the dead primary for 30 s)
                 client.execute_command("CLUSTER", "BUMPEPOCH")
                 self._tell_owner(replica)
+
+    def _views(self) -> str:
+        """Every running node's ``CLUSTER NODES``, for an error message."""
+        lines = []
+        for node in self.nodes:
+            if not node.is_running:
+                continue
+            try:
+                with contextlib.closing(_client(node)) as client:
+                    text = _text(client.execute_command("CLUSTER", "NODES"))
+            except (redis.RedisError, OSError) as exc:
+                text = f"unreachable: {exc}"
+            lines.append(f"{node.port} sees:\n{text.strip()}")
+        return "\n".join(lines)
 
     def _tell_owner(self, owner: ClusterNode) -> None:
         """``CLUSTER SETSLOT slot NODE id`` for ``owner``'s slots on every running node that
