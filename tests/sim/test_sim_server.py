@@ -316,3 +316,32 @@ def test_the_acquire_scripts_floor_step_is_what_fencing_bump_computes(
     assert granted[0] == 1 and int(granted[1]) == expected
     assert fencing.bump(register or 0, server_us, step) == expected
     assert call(session, "GET", "{k}:f") == str(expected).encode()
+
+
+def test_acquire_on_a_server_without_set_get_reads_and_writes_the_register(
+    server: SimServer, clock: Clock
+) -> None:
+    """A server before ``SET ... GET`` (Redis < 6.2) refuses it as a syntax error; the acquire
+    script then reads the register and writes it (fence_math.lua's fence_issue), with the same
+    fences: F + 1 in the same microsecond, the TIME floor after."""
+    setter, arity = server._table[b"SET"]
+    refused: list[list[bytes]] = []
+
+    def set_without_get(a: list[bytes]) -> Any:
+        if any(part.upper() == b"GET" for part in a[3:]):
+            refused.append(a)
+            return Err("ERR syntax error")
+        return setter(a)
+
+    server._table[b"SET"] = (set_without_get, arity)
+    session = server.connect()
+    call(session, "SCRIPT", "LOAD", ACQUIRE.source)
+    call(session, "SET", "{k}:f", "17")
+    granted = call(session, *acquire_args("t1"))
+    assert granted[0] == 1 and abs(int(granted[1]) - int(clock.now * 1e6)) <= 1
+    assert call(session, "GET", "{k}:f") == granted[1]
+    call(session, "DEL", "{k}")
+    again = call(session, *acquire_args("t2"))  # the same microsecond: F + 1
+    assert again[0] == 1 and int(again[1]) == int(granted[1]) + 1
+    assert call(session, "GET", "{k}:f") == again[1]
+    assert len(refused) == 2  # the one-command way was tried, and refused, each time

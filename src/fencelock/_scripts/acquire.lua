@@ -36,13 +36,12 @@ local function refuse(pttl)
   return {0, pttl}
 end
 local function grant()
-  local fence, why = fence_next(KEYS[2], now, ARGV[8])
+  local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
   if not fence then
     redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
     return redis.error_reply(why)
   end
   if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
-  fence_store(KEYS[2], fence, now, ARGV[7])
   return {1, fence}
 end
 local value = lock_value(ARGV[1], ARGV[3])

@@ -57,9 +57,8 @@ local head = redis.call('ZRANGE', KEYS[4], 0, 0)
 if #head > 0 and head[1] ~= id then
   return {0, 0, string.format('%.0f', ticket)}
 end
-local fence, why = fence_next(KEYS[2], now, ARGV[8])
+local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
 if not fence then return redis.error_reply(why) end
 redis.call('SET', KEYS[1], lock_value(ARGV[1], ARGV[3]), 'PX', ARGV[2])
 if id ~= '-' then redis.call('DEL', KEYS[6] .. ':' .. id) end
-fence_store(KEYS[2], fence, now, ARGV[7])
 return {1, fence}

@@ -9,9 +9,8 @@ local function fence_less(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
 end
--- F's value ('0' when the register is absent), or nil and why it is not a fence
-local function fence_read(key)
-  local text = redis.call('GET', key)
+-- the register `key`'s value `text` (false: absent, '0') as a fence, or nil and why it is not one
+local function fence_parse(key, text)
   if not text then return '0' end
   local digits = string.match(text, '^0*(%d+)$')
   if not digits or fence_less(FENCE_MAX, digits) then
@@ -19,6 +18,10 @@ local function fence_read(key)
       .. ', not a fence (a decimal integer from 0 to 2^63 - 1)'
   end
   return digits
+end
+-- F's value ('0' when the register is absent), or nil and why it is not a fence
+local function fence_read(key)
+  return fence_parse(key, redis.call('GET', key))
 end
 -- the server's TIME in microseconds, exactly (its seconds, then its microseconds as 6 digits)
 local function fence_time(now)
@@ -38,9 +41,7 @@ end
 -- With `step` (see fence_step_up), the TIME floor is rounded up to a multiple of it: servers
 -- whose clocks agree within it, granting over the same F, return the same fence, so an
 -- N-server grant whose majority returned one value needs no fence commit (_core/fencing.py)
-local function fence_next(key, now, step)
-  local f, why = fence_read(key)
-  if not f then return nil, why end
+local function fence_above(key, f, now, step)
   if f == FENCE_MAX then
     return nil, 'ERR fence register ' .. key .. ' is at 2^63 - 1: no larger fence can be issued'
   end
@@ -54,6 +55,11 @@ local function fence_next(key, now, step)
   if fence_less(next, floor) then return floor end
   return next
 end
+local function fence_next(key, now, step)
+  local f, why = fence_read(key)
+  if not f then return nil, why end
+  return fence_above(key, f, now, step)
+end
 -- F = fence, kept for `retention` ms after this write ('0' or nil: for ever), but only while
 -- the fence is at most half of that ahead of this server's clock (`now`: TIME, or nil to read
 -- it). The register is gone only once the same clock passed this write by the retention, so
@@ -61,17 +67,47 @@ end
 -- clock stepped back by half the retention. A fence further ahead (a register raised by hand,
 -- or from a server whose clock runs ahead) is kept for ever: its expiry could let fences go
 -- back.
-local function fence_store(key, fence, now, retention)
+-- (the SET options that keep it so: {'PX', ms} or none)
+local function fence_keep(fence, now, retention)
   local ms = tonumber(retention or '0') or 0
   if ms >= 1 then
     now = now or redis.call('TIME')
     local reach = string.format('%.0f', tonumber(now[1]) * 1000000 + tonumber(now[2]) + ms * 500)
-    if not fence_less(reach, fence) then
-      redis.call('SET', key, fence, 'PX', string.format('%d', ms))
-      return
+    if not fence_less(reach, fence) then return {'PX', string.format('%d', ms)} end
+  end
+  return {}
+end
+local function fence_store(key, fence, now, retention)
+  redis.call('SET', key, fence, unpack(fence_keep(fence, now, retention)))
+end
+-- fence_next and fence_store in one: the fence a grant issues, stored in the register `key`;
+-- or nil and why, the register left as it was (its TTL dropped, though: see below). When the
+-- TIME floor is the fence, which it is unless the register is at or past it, that is one
+-- command, SET ... GET (the register read as it is replaced); otherwise the register is
+-- written again. A server without SET ... GET (Redis before 6.2) refuses it, and so does a
+-- register that holds no string: then it is read and written as two commands (or, for a key of
+-- another type, the reason is returned: a script's caller can still undo what it took).
+local function fence_issue(key, now, step, retention)
+  local floor = fence_time(fence_step_up(now, step))
+  local old = redis.pcall('SET', key, floor, 'GET', unpack(fence_keep(floor, now, retention)))
+  local written = type(old) ~= 'table'  -- (an error reply: nothing was written)
+  if not written then
+    old = redis.pcall('GET', key)
+    if type(old) == 'table' then
+      return nil, 'ERR fence register ' .. key .. ' holds a ' .. redis.call('TYPE', key)['ok']
+        .. ', not a fence (a decimal integer from 0 to 2^63 - 1)'
     end
   end
-  redis.call('SET', key, fence)
+  local fence, why = fence_parse(key, old)
+  if fence then fence, why = fence_above(key, fence, now, step) end
+  if not fence then
+    -- no fence, or 2^63 - 1: put back what was there (a register that far ahead has no TTL,
+    -- see fence_store; one that is no fence loses its TTL)
+    if written then redis.call('SET', key, old) end
+    return nil, why
+  end
+  if fence ~= floor or not written then fence_store(key, fence, now, retention) end
+  return fence
 end
 -- F = max(F, fence) for a fence the client sends (a commit; stored as fence_store does); the
 -- register before, or nil and why when either is not a fence

@@ -46,10 +46,9 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   if redis.call('ZCARD', KEYS[3]) > 0 then
     redis.call('DEL', KEYS[4])
     local fence = nil
-    if ARGV[4] ~= '' then fence = fence_next(KEYS[6], now) end
+    if ARGV[4] ~= '' then fence = fence_issue(KEYS[6], now, nil, ARGV[7]) end
     if fence then
       redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-      fence_store(KEYS[6], fence, now, ARGV[7])  -- (KEYS[7], the last claim, is gone above)
       redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5] .. ' ' .. ARGV[2])
       redis.call('PEXPIRE', KEYS[4], ARGV[2])
     else

@@ -35,7 +35,7 @@ if blocker then
   end
   return {0, pttl}
 end
-local fence, why = fence_next(KEYS[2], now, ARGV[8])
+local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
 if not fence then return redis.error_reply(why) end
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
@@ -50,5 +50,4 @@ if ARGV[4] == '1' then
     redis.call('PEXPIRE', KEYS[6], 5000)
   end
 end
-fence_store(KEYS[2], fence, now, ARGV[7])
 return {1, fence}

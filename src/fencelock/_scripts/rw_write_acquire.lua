@@ -39,10 +39,9 @@ local last = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
 if #last > 0 then
   return refuse(math.max(1, tonumber(last[2]) - now_ms))
 end
-local fence, why = fence_next(KEYS[2], now, ARGV[8])
+local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
 if not fence then return redis.error_reply(why) end
 redis.call('SET', KEYS[1], lock_value(ARGV[1], ARGV[3]), 'PX', ARGV[2])
 if redis.call('GET', KEYS[7]) == ARGV[5] then redis.call('DEL', KEYS[7]) end
 redis.call('ZREM', KEYS[4], ARGV[5])
-fence_store(KEYS[2], fence, now, ARGV[7])
 return {1, fence}

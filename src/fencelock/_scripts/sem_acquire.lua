@@ -38,7 +38,7 @@ local proposed = tonumber(ARGV[7] or '') or -1
 if proposed >= slots then proposed = -1 end
 local value = lock_value(ARGV[1], ARGV[3])
 local function grant(i, key)
-  local fence, why = fence_next(KEYS[1], now)
+  local fence, why = fence_issue(KEYS[1], now, nil, ARGV[8])
   if not fence then
     redis.call('DEL', key)  -- just taken by us: no permit without a fence
     return redis.error_reply(why)
@@ -47,7 +47,6 @@ local function grant(i, key)
     redis.call('SET', limit_key, slots, 'PX', ARGV[2])
   end
   redis.call('ZREM', KEYS[2], ARGV[5])
-  fence_store(KEYS[1], fence, now, ARGV[8])
   return {1, fence, i}
 end
 for step = 0, slots - 1 do
