@@ -52,6 +52,7 @@ from integration.api import (  # the shared facade of tests/integration/api.py
 
 import fencelock
 from fencelock import Unavailable
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock.testing import BlackHole, Server, ServerGroup, delayed_proxy, refused_urls
 
@@ -297,7 +298,7 @@ def assert_held_everywhere(live: list[Server], name: str, token: str, clock: Clo
         for server in pending:
             with server.client(socket_timeout=2.0) as direct:
                 value = direct.get(key)
-            if (value or b"").partition(b"\xff")[0] != token.encode():  # token, 255, holder
+            if lock_token(value) != token.encode():  # token, 255, holder
                 missing.append(f"{server.port}: {value!r}")
                 still.append(server)
         pending = still

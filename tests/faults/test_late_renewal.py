@@ -13,6 +13,7 @@ import pytest
 
 import fencelock.asyncio as fasync
 from fencelock import Lock, MultiLock
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock.testing import Server
 
@@ -27,7 +28,7 @@ def server(fencelock_server: Server) -> Iterator[Server]:
 def _holder_of(server: Server, name: str) -> bytes | None:
     with server.client() as client:
         value = client.get(lock_keys(name).lock)  # the token, byte 255, the holder info
-        return value.partition(b"\xff")[0] if isinstance(value, bytes) else None
+        return lock_token(value) if isinstance(value, bytes) else None
 
 
 def _hold_for(server: Server, name: str, seconds: float) -> threading.Thread:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import fencelock
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock._scripts import BY_NAME
 from fencelock.testing import ReplicaSet
@@ -48,7 +49,7 @@ def warm(acquire: Callable[[], Any]) -> Any:
 
 def _token(value: Any) -> Any:
     """The token in a lock key's value (the token, byte 255, the holder info)."""
-    return value.partition(b"\xff")[0] if isinstance(value, bytes) else value
+    return lock_token(value) if isinstance(value, bytes) else value
 
 
 def wait_until(check: Callable[[], bool], what: str) -> None:
@@ -90,7 +91,7 @@ def test_a_paused_straggler_that_lacks_the_script_gets_the_grant_with_replicas(
         direct = lagging.client()
         wait_until(
             lambda: _token(direct.get(key)) == lease.token.encode(),
-            "the grant never landed on primary 2"
+            "the grant never landed on primary 2",
         )
         assert direct.script_exists(sha) == [True]
         assert sha in lock._definition.servers[2].loaded

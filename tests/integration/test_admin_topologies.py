@@ -18,6 +18,7 @@ import redis
 from tls import tls_redis
 
 from fencelock import Lock, StaleFence, admin, cli
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock._engine.cluster import key_slot
 from fencelock.fence import AsyncRedisFence, RedisFence
@@ -37,7 +38,7 @@ def _on(node: Server, key: str) -> bytes | None:
     with node.client() as conn:
         value = conn.get(f"fencelock:{{{key}}}")  # the token, byte 255, the holder info
     assert value is None or isinstance(value, bytes)
-    return None if value is None else value.partition(b"\xff")[0]
+    return None if value is None else lock_token(value)
 
 
 def _status_json(capsys: pytest.CaptureFixture[str], url: str, key: str) -> dict[str, object]:

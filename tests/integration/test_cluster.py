@@ -16,6 +16,7 @@ import redis
 
 import fencelock.asyncio as aio
 from fencelock import Client, ConfigError, Lock, LockLost, Unavailable, cli
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock._engine.cluster import key_slot
 from fencelock._engine.registry import resolve
@@ -67,7 +68,7 @@ def _holder_on(cluster: Cluster, name: str) -> bytes | None:
     on the primary that owns its slot now."""
     with contextlib.closing(_node_client(cluster.owner(_slot(name)))) as client:
         value = client.get(lock_keys(name).lock)
-    return value.partition(b"\xff")[0] if isinstance(value, bytes) else None
+    return lock_token(value) if isinstance(value, bytes) else None
 
 
 # ---- addresses and configuration -----------------------------------------------------------
@@ -124,9 +125,7 @@ def test_a_redis_py_cluster_client_works_as_the_server(cluster: Cluster) -> None
         for name in names:
             lock = Lock(rc, name, ttl=10.0)
             lease = lock.acquire(wait=0)
-            assert (rc.get(lock_keys(name).lock) or b"").partition(b"\xff")[
-                0
-            ] == lease.token.encode()
+            assert lock_token(rc.get(lock_keys(name).lock)) == lease.token.encode()
             again = Lock(rc, name, ttl=10.0)
             assert again.try_acquire() is None
             lease.release()
@@ -169,9 +168,7 @@ def test_an_asyncio_cluster_client_works_as_the_server(cluster: Cluster) -> None
         try:
             lock = aio.Lock(rc, "async-client", ttl=10.0)
             lease = await lock.acquire(wait=0)
-            held = ((await rc.get(lock_keys("async-client").lock)) or b"").partition(b"\xff")[
-                0
-            ] == lease.token.encode()
+            held = lock_token(await rc.get(lock_keys("async-client").lock)) == lease.token.encode()
             refused = await aio.Lock(rc, "async-client", ttl=10.0).try_acquire() is None
             await lease.release()
             return held, refused
@@ -251,7 +248,7 @@ def test_a_held_lock_follows_its_slot_through_a_reshard(own_cluster: Cluster, en
                 value = pipe.execute()[1]
             except redis.ResponseError:
                 return None
-        return value.partition(b"\xff")[0] if isinstance(value, bytes) else None
+        return lock_token(value) if isinstance(value, bytes) else None
 
     if engine == "sync":
         with Client(cluster.url, ttl=10.0) as client:
@@ -296,7 +293,7 @@ def _wait_replicated(replica: ClusterNode, name: str, token: str) -> None:
     deadline = time.monotonic() + BOUND_S
     with contextlib.closing(_node_client(replica)) as client:
         client.execute_command("READONLY")
-        while (client.get(lock_keys(name).lock) or b"").partition(b"\xff")[0] != token.encode():
+        while lock_token(client.get(lock_keys(name).lock)) != token.encode():
             assert time.monotonic() < deadline, "the grant never reached the replica"
             time.sleep(0.01)
 
@@ -500,9 +497,7 @@ def test_a_valkey_py_cluster_client_works_as_the_server(cluster: Cluster) -> Non
         (server,) = resolve(vc)
         assert server.is_cluster
         lease = Lock(vc, "valkey-py", ttl=10.0).acquire(wait=0)
-        assert (vc.get(lock_keys("valkey-py").lock) or b"").partition(b"\xff")[
-            0
-        ] == lease.token.encode()
+        assert lock_token(vc.get(lock_keys("valkey-py").lock)) == lease.token.encode()
         lease.release()
         assert vc.get(lock_keys("valkey-py").lock) is None
     finally:
@@ -531,9 +526,7 @@ def test_replicas_1_on_a_cluster_waits_for_each_slots_replica(cluster: Cluster) 
                 (replica,) = cluster.replicas_of(owner)
                 with contextlib.closing(_node_client(replica)) as client:
                     client.execute_command("READONLY")
-                    assert (client.get(lock_keys(name).lock) or b"").partition(b"\xff")[
-                        0
-                    ] == lease.token.encode()
+                    assert lock_token(client.get(lock_keys(name).lock)) == lease.token.encode()
         finally:
             for name in names:  # the leases' clients are closed: free the keys directly
                 with contextlib.closing(_node_client(cluster.owner(_slot(name)))) as client:

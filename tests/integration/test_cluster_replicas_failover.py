@@ -19,6 +19,7 @@ import pytest
 
 import fencelock.asyncio as aio
 from fencelock import Lock, Unavailable
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock._engine.cluster import key_slot
 from fencelock.testing import Cluster, ClusterNode
@@ -38,7 +39,7 @@ def _value_on(node: ClusterNode, name: str, *, replica: bool = False) -> bytes |
         if replica:
             client.execute_command("READONLY")
         value = client.get(lock_keys(name).lock)  # the token, byte 255, the holder info
-    return value.partition(b"\xff")[0] if isinstance(value, bytes) else None
+    return lock_token(value) if isinstance(value, bytes) else None
 
 
 def _fail_over(cluster: Cluster, name: str, token: str) -> tuple[ClusterNode, ClusterNode]:

@@ -19,6 +19,7 @@ import redis
 
 import fencelock.asyncio as fasync
 from fencelock import Lock
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock._engine.address import from_url
 from fencelock._engine.registry import server_for_address
@@ -63,9 +64,7 @@ def test_a_release_hands_the_lock_to_the_blocked_waiter(fencelock_server: Server
     thread.join(LIVENESS)
     lease = got["lease"]
     assert lease.token.startswith("h")  # chosen by the release, not by an acquire
-    assert (client.get(lock_keys("handed").lock) or b"").partition(b"\xff")[
-        0
-    ] == lease.token.encode()
+    assert lock_token(client.get(lock_keys("handed").lock)) == lease.token.encode()
     assert lease.fence > a.fence
     assert int(client.get(lock_keys("handed").fence)) == lease.fence
     assert 0 < lease.remaining() <= TTL
@@ -148,7 +147,7 @@ def test_a_grant_no_waiter_claims_is_void_after_the_window(fencelock_server: Ser
     lease = Lock(url, "orphan", ttl=TTL).acquire(wait=LIVENESS)
     assert time.monotonic() - start < LIVENESS  # not the orphan's 10 s lease
     assert not lease.token.startswith("h")  # taken over by its own acquire
-    assert client.get(keys.lock).partition(b"\xff")[0] == lease.token.encode()
+    assert lock_token(client.get(keys.lock)) == lease.token.encode()
     assert lease.fence > handed_fence  # the void grant's fence is never reused
     lease.release()
 
@@ -171,9 +170,7 @@ def test_a_claimed_grant_is_not_taken_over(fencelock_server: Server) -> None:
     lease = got["lease"]
     time.sleep(0.2)  # past the hand-off window (50 ms)
     assert Lock(url, "claimed", ttl=TTL).try_acquire() is None
-    assert (client.get(lock_keys("claimed").lock) or b"").partition(b"\xff")[
-        0
-    ] == lease.token.encode()
+    assert lock_token(client.get(lock_keys("claimed").lock)) == lease.token.encode()
     lease.release()
 
 

@@ -10,8 +10,11 @@ The keys are written out by hand where a test plants a lock, as DESIGN.md names 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,9 +24,13 @@ from api import LockFactory, front, lock_holder, lock_value, make_lock, our_keys
 
 import fencelock
 from fencelock import admin
-from fencelock._core.holder_json import LOCK_VALUE_SEPARATOR, split_lock_value
+from fencelock._core.holder_json import (
+    LOCK_VALUE_SEPARATOR,
+    LOCK_VALUE_WAITERS_SEPARATOR,
+    split_lock_value,
+)
 from fencelock._core.keys import lock_keys
-from fencelock._scripts import EXTEND
+from fencelock._scripts import BY_NAME, EXTEND
 from fencelock.testing import Server
 
 
@@ -128,3 +135,108 @@ def test_a_leaders_name_and_term_go_into_its_lock_value(
         leader = election.leader()
         assert leader is not None and leader.term == ("scheduler-1", term.fence)
     assert election.leader() is None
+
+
+# -- the waiters' mark: byte 254 in place of 255 (lock_value.lua) ----------------------------
+
+WAIT_S = 10.0  # a waiter's patience: unwoken, it would sleep until about then
+WOKEN_S = 4.0  # well under WAIT_S: only a wake gets a waiter the lock this soon
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name[len("cmdstat_") :]: int(row["calls"]) for name, row in stats.items()}
+
+
+def test_an_uncontended_release_does_not_look_for_waiters(
+    server: Server, client: redis.Redis, make_lock: LockFactory, key: str
+) -> None:
+    lock = make_lock(server.url, key, ttl=30)
+    lock.acquire(wait=0).release()  # scripts loaded, connection made
+    client.config_resetstat()
+    lock.acquire(wait=0).release()
+    calls = _commands(client)
+    assert "exists" not in calls, calls  # the value carried no mark: nobody to wake
+    # TIME, SET NX, SET ... GET of the register; GET, DEL; the two EVALSHAs (and our own
+    # CONFIG RESETSTAT and INFO)
+    ours = {"info", "config", "config|resetstat"}
+    assert sum(n for name, n in calls.items() if name not in ours) == 7, calls
+
+
+def _wait_in_thread(lock: Any, results: dict[str, float]) -> threading.Thread:
+    def run() -> None:
+        started = time.monotonic()
+        lease = lock.acquire(wait=WAIT_S)
+        results[lease.token] = time.monotonic() - started
+        time.sleep(0.05)
+        lease.release()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _on_all(servers: list[Server], key: str) -> list[bytes | None]:
+    values = []
+    for one in servers:
+        with contextlib.closing(one.client()) as c:
+            values.append(c.get(lock_keys(key).lock))
+    return values
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("holder_info", [True, False])
+def test_waiters_mark_the_holders_value_and_each_release_wakes_the_next(
+    topologies: Any, key: str, holder_info: bool, n: int
+) -> None:
+    """Two callers wait on a held lock: each marks the value (a bare token carries no mark:
+    its release looks for waiters anyway). The holder's release wakes one: on one server it
+    hands the lock over (the claimer's value is a bare token), on three it wakes a waiter who
+    takes the lock with its own acquire and, the other one still waiting, marks its value, so
+    that its release wakes the other. Unwoken, a waiter would sleep until its patience ends
+    (WAIT_S)."""
+    urls, servers = topologies.urls(n), topologies.group(n).servers
+
+    def lock() -> fencelock.Lock:
+        return fencelock.Lock(urls, key, ttl=30, holder_info=holder_info)
+
+    holder = lock().acquire(wait=0)
+    results: dict[str, float] = {}
+    waiters = [_wait_in_thread(lock(), results) for _ in range(2)]
+    deadline = time.monotonic() + WOKEN_S
+    with contextlib.closing(servers[0].client()) as client:
+        while client.zcard(lock_keys(key).waiters) < 2:
+            assert time.monotonic() < deadline, "the waiters never registered"
+            time.sleep(0.01)
+    for raw in _on_all(servers, key):
+        if holder_info:
+            assert raw is not None
+            assert raw.startswith(holder.token.encode() + LOCK_VALUE_WAITERS_SEPARATOR), raw
+        else:
+            assert raw == holder.token.encode()  # a bare token is not marked
+    if holder_info:
+        row = admin.status(urls, key)["servers"][0]  # the holder info still reads
+        assert row["holder"] is not None and row["holder"]["pid"] == os.getpid()
+    holder.release()
+    for thread in waiters:
+        thread.join(WAIT_S + 5)
+    assert len(results) == 2 and max(results.values()) < WOKEN_S, results
+    assert _on_all(servers, key) == [None] * n
+
+
+def test_a_leaders_announcement_keeps_the_waiters_mark(
+    server: Server, client: redis.Redis, key: str
+) -> None:
+    k = lock_keys(key)
+    script = BY_NAME["elect_announce"]
+    info = '{"leader":"a","term":1}'
+    for planted, expected_separator in (
+        (b"tok\xfe{}", LOCK_VALUE_WAITERS_SEPARATOR),  # marked: kept
+        (b"tok", LOCK_VALUE_WAITERS_SEPARATOR),  # bare: could not carry one, so marked
+        (b"tok\xff{}", LOCK_VALUE_SEPARATOR),  # unmarked: stays so
+    ):
+        client.set(k.lock, planted, px=30_000)
+        assert client.eval(script.source, 3, k.lock, k.holder, k.observers, "tok", info, 1000) == 1
+        assert client.get(k.lock) == b"tok" + expected_separator + info.encode()
+        assert client.eval(EXTEND.source, 1, k.lock, "tok", 20_000) == 1  # still the holder's
+    client.delete(k.lock)

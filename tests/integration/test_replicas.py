@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import fencelock
+from fencelock._core.holder_json import split_lock_value
 from fencelock._core.keys import lock_keys
 from fencelock.testing import ReplicaSet
 
@@ -180,9 +181,8 @@ def _leader_on_replica(topology: ReplicaSet, key: str) -> object:
         raw = replica.get(lock_keys(key).lock)  # the token, byte 255, the holder info
     finally:
         replica.close()
-    if raw is None or b"\xff" not in raw:
-        return None
-    return json.loads(raw.partition(b"\xff")[2]).get("leader")
+    info = None if raw is None else split_lock_value(raw)[1]
+    return None if info is None else json.loads(info).get("leader")
 
 
 def test_an_election_names_its_leader_on_the_replicas_before_the_campaign_returns(

@@ -76,8 +76,8 @@ MUTANTS: tuple[Mutant, ...] = (
         name="release-without-token-check",
         description="release.lua deletes the key whoever holds it (no compare before the delete)",
         file="_scripts/release.lua",
-        find="if not lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then\n  return 0\nend",
-        replace="if redis.call('EXISTS', KEYS[1]) == 0 then\n  return 0\nend",
+        find="if not lock_held_by(value, ARGV[1]) then\n  return 0\nend",
+        replace="if not value then\n  return 0\nend",
     ),
     Mutant(
         name="unknown-extend-keeps-later-deadline",

@@ -13,8 +13,10 @@ from typing import Any, Final
 
 __all__ = [
     "LOCK_VALUE_SEPARATOR",
+    "LOCK_VALUE_WAITERS_SEPARATOR",
     "MAX_HOLDER_CHARS",
     "MAX_HOLDER_DEPTH",
+    "lock_token",
     "parse_holder",
     "split_lock_value",
 ]
@@ -26,14 +28,26 @@ MAX_HOLDER_DEPTH: Final = 16
 #: What separates the token from the holder info in a lock key's value (``lock_value.lua``):
 #: byte 255, which no UTF-8 text (so no token) holds.
 LOCK_VALUE_SEPARATOR: Final = b"\xff"
+#: The separator once a caller registered as a waiter while the value's holder held the lock
+#: (byte 254, in no UTF-8 text either): its release looks for waiters to wake.
+LOCK_VALUE_WAITERS_SEPARATOR: Final = b"\xfe"
 
 
 def split_lock_value(value: bytes) -> tuple[bytes, bytes | None]:
     """A lock key's value as (token, holder info); the info is None when the value has none
     (written without holder info, handed over by a release, or by fencelock 0.3 and older,
     which kept it in a key of its own)."""
-    token, separator, info = value.partition(LOCK_VALUE_SEPARATOR)
-    return (token, info) if separator else (token, None)
+    found = (value.find(LOCK_VALUE_SEPARATOR), value.find(LOCK_VALUE_WAITERS_SEPARATOR))
+    cuts = [at for at in found if at >= 0]
+    if not cuts:
+        return value, None
+    cut = min(cuts)
+    return value[:cut], value[cut + 1 :]
+
+
+def lock_token(value: bytes | None) -> bytes | None:
+    """The token in a lock key's value (a GET of it; None when there is none)."""
+    return None if value is None else split_lock_value(value)[0]
 
 
 def _depth(text: str) -> int:

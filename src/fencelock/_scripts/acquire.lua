@@ -35,16 +35,21 @@ local function refuse(pttl)
   waiter_enlist(KEYS[4], ARGV[5], now_ms, waiter_hint(pttl, ARGV[2], patience))
   return {0, pttl}
 end
+local value = lock_value(ARGV[1], ARGV[3])
 local function grant()
   local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
   if not fence then
     redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
     return redis.error_reply(why)
   end
-  if ARGV[5] ~= '-' then redis.call('ZREM', KEYS[4], ARGV[5]) end
+  -- a waiter taking the lock with others still waiting marks its value, so that its release
+  -- wakes them (see lock_value.lua); a newcomer's grant reads nothing more
+  if ARGV[5] ~= '-' and redis.call('ZREM', KEYS[4], ARGV[5]) == 1 and value ~= ARGV[1]
+      and redis.call('ZCARD', KEYS[4]) > 0 then
+    redis.call('SET', KEYS[1], lock_marked(value), 'KEEPTTL')
+  end
   return {1, fence}
 end
-local value = lock_value(ARGV[1], ARGV[3])
 -- (the lock was free: a claim left in KEYS[7] by a holder that is gone is over, but it is
 -- harmless until the next hand-over, which starts a new list, and the release deletes it)
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return grant() end
@@ -73,5 +78,10 @@ if holder and string.byte(holder, 1) == 104 and not claimed(lock_token(holder)) 
   -- still waiting to be claimed: the caller blocks for what is left of the window (claiming
   -- it, or back in time to take the place of a void grant), not for the whole lease
   return refuse(redis.call('PTTL', KEYS[6]))
+end
+-- held: a caller that will wait marks the holder's value, so that its release wakes one
+if tonumber(ARGV[6]) > 0 and holder then
+  local marked = lock_marked(holder)
+  if marked ~= holder then redis.call('SET', KEYS[1], marked, 'KEEPTTL') end
 end
 return refuse(redis.call('PTTL', KEYS[1]))

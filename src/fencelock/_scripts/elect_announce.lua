@@ -11,8 +11,13 @@
 -- #include lock_value.lua
 local ours = 1
 if ARGV[1] ~= '' then
-  if lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
-    redis.call('SET', KEYS[1], lock_value(ARGV[1], ARGV[2]), 'KEEPTTL')
+  local value = redis.call('GET', KEYS[1])
+  if lock_held_by(value, ARGV[1]) then
+    local named = lock_value(ARGV[1], ARGV[2])
+    -- a waiters' mark is kept, and a bare token, which could not carry one, gets it (see
+    -- lock_value.lua)
+    if lock_may_have_waiters(value, ARGV[1]) then named = lock_marked(named) end
+    redis.call('SET', KEYS[1], named, 'KEEPTTL')
   else
     ours = 0
   end

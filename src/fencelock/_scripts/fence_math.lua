@@ -94,8 +94,8 @@ local function fence_issue(key, now, step, retention)
   if not written then
     old = redis.pcall('GET', key)
     if type(old) == 'table' then
-      return nil, 'ERR fence register ' .. key .. ' holds a ' .. redis.call('TYPE', key)['ok']
-        .. ', not a fence (a decimal integer from 0 to 2^63 - 1)'
+      return nil, 'ERR fence register ' .. key .. ' is not a string, so not a fence'
+        .. ' (a decimal integer from 0 to 2^63 - 1)'
     end
   end
   local fence, why = fence_parse(key, old)

@@ -21,7 +21,8 @@
 -- then answers why: a release never fails for want of a next fence).
 -- #include fence_math.lua
 -- #include lock_value.lua
-if not lock_held_by(redis.call('GET', KEYS[1]), ARGV[1]) then
+local value = redis.call('GET', KEYS[1])
+if not lock_held_by(value, ARGV[1]) then
   return 0
 end
 -- the claimed list goes too: a handed-over grant's claim goes with it, and a claim left by an
@@ -38,7 +39,9 @@ if string.byte(ARGV[1], 1) == 104 then
     end
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
+-- (a value without the waiters' mark: nobody asked to wait while it was held, see
+-- lock_value.lua)
+if lock_may_have_waiters(value, ARGV[1]) and redis.call('EXISTS', KEYS[3]) == 1 then
   if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
