@@ -33,6 +33,7 @@ import redis
 
 import fencelock.asyncio as fasync
 from fencelock import Lock, LockLost
+from fencelock._core.holder_json import lock_token
 from fencelock._core.keys import lock_keys
 from fencelock.testing.pytest_plugin import ServerGroupFactory
 
@@ -105,7 +106,7 @@ def holders_of(clients: list[redis.Redis], name: str, token: str) -> int:
     """On how many servers the lock ``name`` holds ``token``."""
     key = lock_keys(name).lock
     # the value: the token, then byte 255 and the holder info
-    return sum(1 for c in clients if (c.get(key) or b"").partition(b"\xff")[0].decode() == token)
+    return sum(1 for c in clients if (lock_token(c.get(key)) or b"").decode() == token)
 
 
 def majority(n: int) -> int:
@@ -329,9 +330,7 @@ def _watch_inherited(lease: Any, urls: list[str], name: str, watch_s: float) -> 
             "remaining": remaining, "release": released, "parent_key_on": ours}  # fmt: skip
 
 
-def test_a_lease_held_across_a_fork_is_lost_at_once_in_the_child(
-    urls: list[str], key: str
-) -> None:
+def test_a_lease_held_across_a_fork_is_lost_at_once_in_the_child(urls: list[str], key: str) -> None:
     lock = Lock(urls, key, ttl=TTL)
     with lock.hold(wait=2.0, renew=True) as lease:
         pid, read_fd = fork_child(lambda: _watch_inherited(lease, urls, key, 2 * TTL))
@@ -409,3 +408,39 @@ def test_a_killed_parents_lock_frees_within_its_ttl_while_a_forked_child_lives(
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+# -- (f) a server the parent suspected is not skipped for good by the child -------------------
+
+
+def _grant_everywhere_in_child(urls: list[str], name: str) -> Report:
+    """A new lock's grant reaches every server (within a bound), the one the parent had
+    suspected included: nothing in the child probes a suspicion it inherited."""
+    time.sleep(0.3)  # the parent resumes the paused server meanwhile
+    lock = Lock(urls, name, ttl=10.0, server_timeout=SERVER_TIMEOUT)
+    lease = lock.acquire(wait=2.0)
+    clients = direct_clients(urls)
+    end = time.monotonic() + 2.0
+    ours = holders_of(clients, name, lease.token)
+    while ours < len(urls) and time.monotonic() < end:
+        time.sleep(0.02)
+        ours = holders_of(clients, name, lease.token)
+    lease.release()
+    return {"ok": ours == len(urls), "servers_holding_our_token": ours}
+
+
+def test_a_child_does_not_skip_a_server_its_parent_suspected(
+    fencelock_servers: ServerGroupFactory, key: str
+) -> None:
+    group = fencelock_servers(3)
+    urls = list(group.urls)
+    sick = group.servers[0]
+    sick.pause()
+    try:
+        # the paused server times out: suspect in this process, probed by its background
+        Lock(urls, key, ttl=5.0, server_timeout=SERVER_TIMEOUT).acquire(wait=0).release()
+        pid, read_fd = fork_child(lambda: _grant_everywhere_in_child(urls, key + ":child"))
+    finally:
+        sick.resume()
+    report = reap(pid, read_fd)
+    assert report["ok"], report

@@ -216,13 +216,20 @@ class Server:
         """A node of this server answered."""
 
     def forget_connections(self) -> list[Any]:
-        """Drop every connection (after a fork, in the child); returns them to be closed."""
+        """After a fork, in the child: drop every connection (returned, to be closed) and
+        what the parent's background thread tended, which did not survive the fork: a
+        suspicion (nothing would probe the server again here, so every round would skip it
+        for good; a server still sick costs one timeout to suspect again) and the parent's
+        late calls (its given-up grants, released by the parent)."""
         conns = list(self.idle)
         self.idle = []
         for _, pool in self.async_idle.values():
             conns.extend(pool)
         self.async_idle = {}
         self.lock = threading.Lock()
+        self.health = Health()
+        self.late.clear()
+        self.recheck = True
         return conns
 
     def __repr__(self) -> str:
