@@ -29,7 +29,7 @@ from fencelock._core.holder_json import (
     LOCK_VALUE_WAITERS_SEPARATOR,
     split_lock_value,
 )
-from fencelock._core.keys import lock_keys
+from fencelock._core.keys import lock_keys, slot_keys
 from fencelock._scripts import BY_NAME, EXTEND
 from fencelock.testing import Server
 
@@ -222,6 +222,31 @@ def test_waiters_mark_the_holders_value_and_each_release_wakes_the_next(
         thread.join(WAIT_S + 5)
     assert len(results) == 2 and max(results.values()) < WOKEN_S, results
     assert _on_all(servers, key) == [None] * n
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_permits_release_wakes_a_semaphore_waiter(topologies: Any, key: str, n: int) -> None:
+    """The semaphore registers its waiters without marking a slot, so a permit's value is
+    marked from its grant: a permit's release (release.lua, on its slot) always looks for
+    them. Unwoken, the waiter would sleep until its patience ends (WAIT_S)."""
+    urls, servers = topologies.urls(n), topologies.group(n).servers
+
+    def semaphore() -> fencelock.Semaphore:
+        return fencelock.Semaphore(urls, key, 1, ttl=30)
+
+    held = semaphore().acquire(wait=0)
+    results: dict[str, float] = {}
+    waiter = _wait_in_thread(semaphore(), results)
+    deadline = time.monotonic() + WOKEN_S
+    with contextlib.closing(servers[0].client()) as client:
+        while client.zcard(lock_keys(key).waiters) < 1:
+            assert time.monotonic() < deadline, "the waiter never registered"
+            time.sleep(0.01)
+        raw = client.get(slot_keys(key, held.slot).lock)
+    held.release()
+    waiter.join(WAIT_S + 5)
+    assert len(results) == 1 and max(results.values()) < WOKEN_S, results
+    assert raw is not None and raw.startswith(held.token.encode() + LOCK_VALUE_WAITERS_SEPARATOR)
 
 
 def test_a_leaders_announcement_keeps_the_waiters_mark(

@@ -59,7 +59,7 @@ SHAS = {
     "fence_commit": "bcb9f4040ddb769d6a3d9c0ba75d771745643357",
     "elect_announce": "b7339a072b28365c4e0479435c11b8aaa41a6daf",
     "elect_read": "536335c6640f34755417dce4057e7150cc63e779",
-    "sem_acquire": "9d993f2d10e87d9b4733c08bb8829e5429c66d25",
+    "sem_acquire": "3867b6cf549c2f839ca7dc7639fa86a2a9e5c3c0",
     "sem_sweep": "18a329484433c6eadd7f34dbfdafb13a1b983244",
     "sem_fence_commit": "6759078fa06009384551a83a0e7f1531747e3b2c",
     "rw_read_acquire": "67a9de01e354a1d11347d689d4e3135cd82d7acb",

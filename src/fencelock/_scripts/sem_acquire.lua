@@ -36,7 +36,10 @@ if stored and stored ~= slots then return {2, stored} end
 if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {2, -1} end
 local proposed = tonumber(ARGV[7] or '') or -1
 if proposed >= slots then proposed = -1 end
-local value = lock_value(ARGV[1], ARGV[3])
+-- a permit's value carries the waiters' mark from the start (lock_value.lua): its release
+-- (release.lua, on the slot) always looks for the semaphore's waiters, which this script
+-- registers without marking any slot
+local value = lock_marked(lock_value(ARGV[1], ARGV[3]))
 local function grant(i, key)
   local fence, why = fence_issue(KEYS[1], now, nil, ARGV[8])
   if not fence then
