@@ -221,7 +221,12 @@ def test_waiters_mark_the_holders_value_and_each_release_wakes_the_next(
     for thread in waiters:
         thread.join(WAIT_S + 5)
     assert len(results) == 2 and max(results.values()) < WOKEN_S, results
-    assert _on_all(servers, key) == [None] * n
+    # nothing stays held: a server where a waiter's registration outlived its grant elsewhere
+    # may hold the hand-off marker (the empty value) for its window, then nothing
+    deadline = time.monotonic() + WOKEN_S
+    while (left := _on_all(servers, key)) != [None] * n:
+        assert set(left) <= {None, b""} and time.monotonic() < deadline, left
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("n", [1, 3])
