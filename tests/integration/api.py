@@ -272,6 +272,13 @@ def lock_value(client: redis.Redis, name: str) -> str | None:
     return split_lock_value(raw)[0].decode() if isinstance(raw, bytes) else str(raw)
 
 
+def command_counts(client: redis.Redis) -> dict[str, int]:
+    """Calls per command on the server since its last ``CONFIG RESETSTAT`` (``INFO
+    commandstats``; a script's own commands count, by name: ``set``, ``config|resetstat``)."""
+    stats = client.info("commandstats")
+    return {name[len("cmdstat_") :]: int(row["calls"]) for name, row in stats.items()}
+
+
 def lock_holder(client: redis.Redis, name: str) -> str | None:
     """The holder info in the lock key's value on one server (after byte 255), or None."""
     raw = client.get(lock_keys(name).lock)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from api import command_counts
 
 import fencelock.asyncio as aio
 from fencelock import Lock, Unavailable
@@ -19,11 +20,6 @@ from fencelock._core.plan import lock_wiring
 from fencelock._scripts import BY_NAME
 
 RETENTION_MS = 604_800_000  # the default register retention (7 days)
-
-
-def _counts(client: Any) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {name[len("cmdstat_") :]: int(row["calls"]) for name, row in stats.items()}
 
 
 def _acquire(client: Any, name: str) -> Any:
@@ -36,7 +32,7 @@ def _acquire(client: Any, name: str) -> Any:
     reply = client.evalsha(
         script.sha, len(keys), *keys, "tok", "10000", "", "0", "-", "0", str(RETENTION_MS)
     )
-    return reply, _counts(client)
+    return reply, command_counts(client)
 
 
 def test_a_fence_at_the_time_floor_is_stored_by_the_read_itself(

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import redis
-from api import LockFactory, front, lock_holder, lock_value, make_lock, our_keys  # noqa: F401
+from api import LockFactory, command_counts, front, lock_holder, lock_value, make_lock, our_keys  # noqa: F401
 
 import fencelock
 from fencelock import admin
@@ -143,11 +143,6 @@ WAIT_S = 10.0  # a waiter's patience: unwoken, it would sleep until about then
 WOKEN_S = 4.0  # well under WAIT_S: only a wake gets a waiter the lock this soon
 
 
-def _commands(client: redis.Redis) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {name[len("cmdstat_") :]: int(row["calls"]) for name, row in stats.items()}
-
-
 def test_an_uncontended_release_does_not_look_for_waiters(
     server: Server, client: redis.Redis, make_lock: LockFactory, key: str
 ) -> None:
@@ -155,7 +150,7 @@ def test_an_uncontended_release_does_not_look_for_waiters(
     lock.acquire(wait=0).release()  # scripts loaded, connection made
     client.config_resetstat()
     lock.acquire(wait=0).release()
-    calls = _commands(client)
+    calls = command_counts(client)
     assert "exists" not in calls, calls  # the value carried no mark: nobody to wake
     # TIME, SET NX, SET ... GET of the register; GET, DEL; the two EVALSHAs (and our own
     # CONFIG RESETSTAT and INFO)
