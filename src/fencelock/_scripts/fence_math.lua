@@ -55,11 +55,6 @@ local function fence_above(key, f, now, step)
   if fence_less(next, floor) then return floor end
   return next
 end
-local function fence_next(key, now, step)
-  local f, why = fence_read(key)
-  if not f then return nil, why end
-  return fence_above(key, f, now, step)
-end
 -- F = fence, kept for `retention` ms after this write ('0' or nil: for ever), but only while
 -- the fence is at most half of that ahead of this server's clock (`now`: TIME, or nil to read
 -- it). The register is gone only once the same clock passed this write by the retention, so
@@ -80,8 +75,9 @@ end
 local function fence_store(key, fence, now, retention)
   redis.call('SET', key, fence, unpack(fence_keep(fence, now, retention)))
 end
--- fence_next and fence_store in one: the fence a grant issues, stored in the register `key`;
--- or nil and why, the register left as it was (its TTL dropped, though: see below). When the
+-- The fence a grant issues (fence_above the register), stored in the register `key` as
+-- fence_store does; or nil and why, the register left as it was (its TTL dropped, though: see
+-- below). When the
 -- TIME floor is the fence, which it is unless the register is at or past it, that is one
 -- command, SET ... GET (the register read as it is replaced); otherwise the register is
 -- written again. A server without SET ... GET (Redis before 6.2) refuses it, and so does a
