@@ -205,25 +205,26 @@ def test_a_release_cancelled_twice_is_repeated_in_the_background() -> None:
 
 
 def test_a_loss_reported_while_a_majority_held_the_lease_is_dishonest(tmp_path: Path) -> None:
-    """Seed 101 runs clean; with the mutant extend-lost-on-one-refusal (one server's "not
-    ours" loses the lease) an extend refused by 2 of 3 servers reports the lease lost while 2
-    still held its token: honest_loss. (Seed 36 showed it, on an election's term, until
-    waiters marked the holder's value and an uncontended release stopped waking anyone,
-    which moved its schedule.)"""
+    """Seed 57 runs clean; with the mutant extend-lost-on-one-refusal (one server's "not
+    ours" loses the lease) an extend that 2 of 5 servers agreed to reports the lease lost
+    while 3 still held its token: honest_loss. (Seed 36 showed it, on an election's term, until
+    waiters marked the holder's value and an uncontended release stopped waking anyone; then
+    seed 101, until the asyncio connection wrote a request alone at once, which moved the
+    schedules again.)"""
     from tools.sim.mutants import MUTANTS, _copy_source, apply
 
     run = subprocess.run(
-        [*SIMULATE, "--replay", "101"], capture_output=True, text=True, timeout=120, env=_env()
+        [*SIMULATE, "--replay", "57"], capture_output=True, text=True, timeout=120, env=_env()
     )
     assert run.returncode == 0, run.stdout[-3000:]
     src = _copy_source(tmp_path)
     apply(next(m for m in MUTANTS if m.name == "extend-lost-on-one-refusal"), src)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
     mutated = subprocess.run(
-        [*SIMULATE, "--replay", "101"], capture_output=True, text=True, timeout=120, env=env
+        [*SIMULATE, "--replay", "57"], capture_output=True, text=True, timeout=120, env=env
     )
     assert mutated.returncode == 1
-    assert "VIOLATION honest_loss: c0/j0/t2's lease on k0 reported lost" in mutated.stdout
+    assert "VIOLATION honest_loss: c3/j0/t0's lease on k0 reported lost" in mutated.stdout
 
 
 def test_a_short_search_prints_the_contract_json_and_finds_nothing() -> None:
