@@ -222,9 +222,11 @@ def test_a_late_noscript_from_a_paused_server_still_lands_the_grant_there() -> N
 def test_calls_in_flight_on_a_shared_connection_closed_under_them_go_again_on_a_fresh_one(
     server: Server,
 ) -> None:
-    """Another round's timeout closes the shared connection that warm calls are queued on:
-    they are sent again on a new connection within their round, not failed."""
+    """Another round's timeout closes the shared connection that warm calls are queued on
+    (buffered behind a request in flight, not written yet): they are sent again on a new
+    connection within their round, not failed."""
     from fencelock._async.driver import shared
+    from fencelock._engine.resp import command
 
     async def scenario() -> None:
         lock = fasync.Lock(server.url, "direct:reconnect", ttl=TTL, server_timeout=1.0)
@@ -232,12 +234,45 @@ def test_calls_in_flight_on_a_shared_connection_closed_under_them_go_again_on_a_
         loop = asyncio.get_running_loop()
         (engine,) = lock._definition.servers
         before = shared(engine, loop)
+        # a request in flight first (written at once: alone on the connection), so that the
+        # acquire's call is buffered behind it for the loop's next turn
+        busy = asyncio.ensure_future(before.request(command("PING"), 1))
         task = asyncio.ensure_future(lock.acquire(wait=0))
         await asyncio.sleep(0)  # the acquire's call is queued on the shared connection
-        assert before.pending == 1
+        assert before.pending == 2
         before.close()
+        with pytest.raises(ConnectionAbortedError):
+            await busy  # written: its outcome is unknown, so it is not sent again
         lease = await asyncio.wait_for(task, 5.0)
         assert shared(engine, loop) is not before
         await lease.release()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_alone_is_written_at_once_and_one_behind_it_at_the_next_turn(
+    server: Server,
+) -> None:
+    """A request with nothing else in flight on its connection goes out in the turn of the
+    loop that makes it (closed right after, it failed as written: the server may have read
+    it); one made while another is in flight waits for the loop's next turn, so the requests
+    of many tasks go out in one write (closed before that turn, it was never written)."""
+    from fencelock._async.connection import AsyncConnection, Unsent
+    from fencelock._engine.address import from_url
+    from fencelock._engine.resp import command
+
+    async def scenario() -> None:
+        conn = AsyncConnection(from_url(server.url))
+        assert await conn.request(command("PING"), 1) == [b"PONG"]  # connected, identified
+        first = asyncio.ensure_future(conn.request(command("PING"), 1))
+        second = asyncio.ensure_future(conn.request(command("PING"), 1))
+        await asyncio.sleep(0)  # both tasks ran up to their wait for a reply
+        assert conn.pending == 2
+        conn.close()
+        with pytest.raises(ConnectionAbortedError) as written:
+            await first
+        assert not isinstance(written.value, Unsent)
+        with pytest.raises(Unsent):
+            await second
 
     asyncio.run(scenario())
