@@ -173,6 +173,24 @@ def test_fence_order_tolerates_a_step_back_only_across_a_clock_break_and_a_wipe(
     assert not fence_order(history)
 
 
+def test_fence_order_orders_a_handed_over_grant_by_its_wait_not_by_when_it_was_heard() -> None:
+    """Seed 126721219 (``--cancel --fork --store --reentrant-hold``): b waited for a hand-over
+    from 0.05; the releaser's script granted it with fence 11 at 0.2, while b's client was
+    paused; the only server was wiped, a took the key again (fence 20, returned at 1.7), and b
+    heard its claim only at 2.8, when its client ran again. b's grant was won by a wait that
+    began before a returned: the two are not ordered (its fence was issued first). A grant that
+    is no hand-over and began after a returned is still checked."""
+    handed = Grant("b", "k", "h2", 11, at=2.8, deadline=3.9, ended=2.87, start=2.79)
+    handed.asked = 0.05
+    history = History(
+        servers=1,
+        grants=[Grant("a", "k", "t1", 20, at=1.7, deadline=5.6, ended=2.2, start=1.69), handed],
+    )
+    assert not fence_order(history)
+    handed.token = "t2"  # no hand-over: its winning round began at 2.79, after a returned
+    assert fence_order(history)
+
+
 def test_mutual_exclusion_on_one_server_tolerates_a_multilocks_key_taken_before_a_wipe() -> None:
     """A MultiLock's first key was granted (round start 3.0) before the only server was wiped
     (4.2); it returned at 4.75, after another client took the key again (4.7): the wiped

@@ -160,7 +160,7 @@ def _fence_steps(
     # before A's grant may run on the servers after A's release (a delayed request,
     # seed 5649), and a MultiLock's first key is granted long before it returns.
     for a, b in itertools.permutations(by_return, 2):
-        if a.at < (b.start or b.at) and b.fence <= a.fence:
+        if a.at < _won_from(b) and b.fence <= a.fence:
             if not equal and b.fence == a.fence:
                 continue  # reported on its own
             if _fence_may_step_back(history, a, b):
@@ -169,6 +169,17 @@ def _fence_steps(
                 f"{key}: {what} {b.fence} ({b.client}{_as(b)}) after {a.fence} ({a.client}{_as(a)})"
             )
     return found
+
+
+def _won_from(grant: Grant) -> float:
+    """True time the round that won ``grant`` began. A handed-over grant (token ``h...``) was
+    won by its wait for the hand-over, which began after acquire() was called: the releaser's
+    script granted it and issued its fence then, and the claim may be heard much later (a
+    paused client reads it from its socket when it runs again; seed 126721219), so the time
+    it was heard (``start``, its ``acquired_at``) does not order it."""
+    if grant.token.startswith("h") and grant.asked:
+        return grant.asked
+    return grant.start or grant.at
 
 
 def _fence_may_step_back(history: History, a: Grant, b: Grant) -> bool:
