@@ -7,6 +7,7 @@ import asyncio
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -80,14 +81,22 @@ def test_acquire_cancelled_hundreds_of_times_leaves_no_orphan() -> None:
         lock = AsyncLock(urls, "cancelled", ttl=ttl)
         cancelled = acquired = 0
         try:
-            # until 150 were cancelled mid-flight (a faster acquire finishes inside more of
-            # the random timeouts), 2,000 attempts at the most
+            # the timeouts span one uncontended acquire as this machine runs it (the median
+            # of 21), so that they fall all along its awaits, however fast it is
+            took = []
+            for _ in range(21):
+                began = time.perf_counter()
+                lease = await lock.acquire(wait=0.5)
+                took.append(time.perf_counter() - began)
+                await lease.release()
+            span = statistics.median(took)
+            # until 150 were cancelled mid-flight, 2,000 attempts at the most
             for _ in range(2000):
                 if cancelled >= 150:
                     break
                 try:
                     lease = await asyncio.wait_for(lock.acquire(wait=0.5),
-                                                   timeout=rng.uniform(0.0, 0.0015))
+                                                   timeout=rng.uniform(0.0, span))
                 except asyncio.TimeoutError:
                     cancelled += 1
                     continue
