@@ -62,7 +62,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "server restarted empty hands out fences again from 1, below ones already issued"
         ),
         file="_scripts/fence_math.lua",
-        find="  if fence_less(next, floor) then return floor end\n",
+        find="  if fence_less(f, floor) then return floor end  -- F + 1 <= floor\n",
         replace="",
     ),
     Mutant(

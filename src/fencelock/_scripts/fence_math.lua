@@ -28,7 +28,9 @@ local function fence_time(now)
   return now[1] .. string.sub('00000' .. now[2], -6)
 end
 -- TIME rounded up to a multiple of `step` us (a divisor of 1,000,000 from 2 up; anything else:
--- TIME itself), in the shape TIME has
+-- TIME itself), in the shape TIME has. Servers whose clocks agree within the step, granting
+-- over the same F, then issue the same fence, so an N-server grant whose majority returned one
+-- value needs no fence commit (_core/fencing.py)
 local function fence_step_up(now, step)
   step = tonumber(step or '0') or 0
   if step < 2 or step > 1000000 or 1000000 % step ~= 0 then return now end
@@ -36,24 +38,18 @@ local function fence_step_up(now, step)
   if us < 1000000 then return {now[1], string.format('%d', us)} end
   return {string.format('%d', tonumber(now[1]) + 1), '0'}
 end
--- the fence a grant stores and returns: max(F + 1, TIME in us); or nil and why (F is not a
--- fence, or F is FENCE_MAX: no larger fence exists, so none is issued rather than a repeat).
--- With `step` (see fence_step_up), the TIME floor is rounded up to a multiple of it: servers
--- whose clocks agree within it, granting over the same F, return the same fence, so an
--- N-server grant whose majority returned one value needs no fence commit (_core/fencing.py)
-local function fence_above(key, f, now, step)
+-- the fence a grant stores and returns: max(F + 1, floor), for `floor` the TIME floor (see
+-- fence_issue); or nil and why (F is not a fence, or F is FENCE_MAX: no larger fence exists,
+-- so none is issued rather than a repeat). F below the floor, the common case, gives the floor
+local function fence_above(key, f, floor)
   if f == FENCE_MAX then
     return nil, 'ERR fence register ' .. key .. ' is at 2^63 - 1: no larger fence can be issued'
   end
+  if fence_less(f, floor) then return floor end  -- F + 1 <= floor
   local i = #f
   while i > 0 and string.byte(f, i) == 57 do i = i - 1 end  -- trailing 9s carry
-  local next = '1' .. string.rep('0', #f)
-  if i > 0 then
-    next = string.sub(f, 1, i - 1) .. string.char(string.byte(f, i) + 1) .. string.rep('0', #f - i)
-  end
-  local floor = fence_time(fence_step_up(now, step))
-  if fence_less(next, floor) then return floor end
-  return next
+  if i == 0 then return '1' .. string.rep('0', #f) end
+  return string.sub(f, 1, i - 1) .. string.char(string.byte(f, i) + 1) .. string.rep('0', #f - i)
 end
 -- F = fence, kept for `retention` ms after this write ('0' or nil: for ever), but only while
 -- the fence is at most half of that ahead of this server's clock (`now`: TIME, or nil to read
@@ -75,14 +71,14 @@ end
 local function fence_store(key, fence, now, retention)
   redis.call('SET', key, fence, unpack(fence_keep(fence, now, retention)))
 end
--- The fence a grant issues (fence_above the register), stored in the register `key` as
--- fence_store does; or nil and why, the register left as it was (its TTL dropped, though: see
--- below). When the
--- TIME floor is the fence, which it is unless the register is at or past it, that is one
--- command, SET ... GET (the register read as it is replaced); otherwise the register is
--- written again. A server without SET ... GET (Redis before 6.2) refuses it, and so does a
--- register that holds no string: then it is read and written as two commands (or, for a key of
--- another type, the reason is returned: a script's caller can still undo what it took).
+-- The fence a grant issues (fence_above the register, over the TIME floor: TIME stepped up by
+-- `step`), stored in the register `key` as fence_store does; or nil and why, the register left
+-- as it was (its TTL dropped, though: see below). When the TIME floor is the fence, which it
+-- is unless the register is at or past it, that is one command, SET ... GET (the register read
+-- as it is replaced); otherwise the register is written again. A server without SET ... GET
+-- (Redis before 6.2) refuses it, and so does a register that holds no string: then it is read
+-- and written as two commands (or, for a key of another type, the reason is returned: a
+-- script's caller can still undo what it took).
 local function fence_issue(key, now, step, retention)
   local floor = fence_time(fence_step_up(now, step))
   local old = redis.pcall('SET', key, floor, 'GET', unpack(fence_keep(floor, now, retention)))
@@ -95,7 +91,7 @@ local function fence_issue(key, now, step, retention)
     end
   end
   local fence, why = fence_parse(key, old)
-  if fence then fence, why = fence_above(key, fence, now, step) end
+  if fence then fence, why = fence_above(key, fence, floor) end
   if not fence then
     -- no fence, or 2^63 - 1: put back what was there (a register that far ahead has no TTL,
     -- see fence_store; one that is no fence loses its TTL)
