@@ -53,8 +53,8 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
-    "acquire": "cabf48a8c89f7bc45d24f3fffa32c887172462eb",
-    "release": "a0bc2e1d9a8e2954b7fc4fddadc3932a5eecc473",
+    "acquire": "268811146644c395f087eda3e254ff3bf971af3d",
+    "release": "18b2cbc1d80dcb981dfabfecea122c03749a1559",
     "extend": "cc903e64b15236d4db3b1b4d152b8691118d2db1",
     "fence_commit": "62ce3e88bcbc3e90ecc54abd539626f92047e598",
     "elect_announce": "b7339a072b28365c4e0479435c11b8aaa41a6daf",

@@ -25,16 +25,8 @@
 -- PX): it is deleted, not obeyed.
 -- An error reply, nothing granted, when F is not a fence or is at 2^63 - 1.
 -- #include fence_math.lua
--- #include waiting.lua
 -- #include lock_value.lua
 local now = redis.call('TIME')
-local function refuse(pttl)
-  local patience = tonumber(ARGV[6])
-  if patience <= 0 then return {0, pttl} end
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  waiter_enlist(KEYS[4], ARGV[5], now_ms, waiter_hint(pttl, ARGV[2], patience))
-  return {0, pttl}
-end
 local value = lock_value(ARGV[1], ARGV[3])
 local function grant()
   local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
@@ -53,6 +45,15 @@ end
 -- (the lock was free: a claim left in KEYS[7] by a holder that is gone is over, but it is
 -- harmless until the next hand-over, which starts a new list, and the release deletes it)
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return grant() end
+-- (the waiter queue's functions are only built past the free lock's grant)
+-- #include waiting.lua
+local function refuse(pttl)
+  local patience = tonumber(ARGV[6])
+  if patience <= 0 then return {0, pttl} end
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  waiter_enlist(KEYS[4], ARGV[5], now_ms, waiter_hint(pttl, ARGV[2], patience))
+  return {0, pttl}
+end
 local holder = redis.call('GET', KEYS[1])
 if holder == '' then
   -- the hand-off marker: a woken waiter takes the lock, a newcomer steps aside for the window.

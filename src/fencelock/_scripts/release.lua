@@ -19,7 +19,6 @@
 -- ARGV[2] ms: the lock key holds the hand-off marker (its empty value, see lock_value.lua)
 -- that long; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
 -- then answers why: a release never fails for want of a next fence).
--- #include fence_math.lua
 -- #include lock_value.lua
 local value = redis.call('GET', KEYS[1])
 if not lock_held_by(value, ARGV[1]) then
@@ -40,25 +39,28 @@ if string.byte(ARGV[1], 1) == 104 then
   end
 end
 -- (a value without the waiters' mark: nobody asked to wait while it was held, see
--- lock_value.lua)
-if lock_may_have_waiters(value, ARGV[1]) and redis.call('EXISTS', KEYS[3]) == 1 then
-  if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
-  local now = redis.call('TIME')
-  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-  if redis.call('ZCARD', KEYS[3]) > 0 then
-    redis.call('DEL', KEYS[4])
-    local fence = nil
-    if ARGV[4] ~= '' then fence = fence_issue(KEYS[6], now, nil, ARGV[7]) end
-    if fence then
-      redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-      redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5] .. ' ' .. ARGV[2])
-      redis.call('PEXPIRE', KEYS[4], ARGV[2])
-    else
-      redis.call('RPUSH', KEYS[4], '1')
-      redis.call('PEXPIRE', KEYS[4], ARGV[3])
-      redis.call('SET', KEYS[1], '', 'PX', ARGV[2])
-    end
+-- lock_value.lua; the fence arithmetic is only included past this point, so that a release
+-- nobody waits for does not build its functions)
+if not lock_may_have_waiters(value, ARGV[1]) or redis.call('EXISTS', KEYS[3]) == 0 then
+  return 1
+end
+-- #include fence_math.lua
+if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+if redis.call('ZCARD', KEYS[3]) > 0 then
+  redis.call('DEL', KEYS[4])
+  local fence = nil
+  if ARGV[4] ~= '' then fence = fence_issue(KEYS[6], now, nil, ARGV[7]) end
+  if fence then
+    redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+    redis.call('RPUSH', KEYS[4], ARGV[4] .. ' ' .. fence .. ' ' .. ARGV[5] .. ' ' .. ARGV[2])
+    redis.call('PEXPIRE', KEYS[4], ARGV[2])
+  else
+    redis.call('RPUSH', KEYS[4], '1')
+    redis.call('PEXPIRE', KEYS[4], ARGV[3])
+    redis.call('SET', KEYS[1], '', 'PX', ARGV[2])
   end
 end
 return 1
