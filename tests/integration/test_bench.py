@@ -26,6 +26,10 @@ FIELDS = {
         "server_commands_per_op",
         "baseline_server_commands_per_op",
         "bytes_per_held_lock",
+        # the server's execution of what each case sends (issue 24)
+        "server_exec_us_per_op",
+        "baseline_server_exec_us_per_op",
+        "server_exec_ratio",
     ),
     "redlock": (
         "servers",
@@ -116,6 +120,11 @@ def test_bench_json_has_every_field_as_a_positive_number(
     assert single["server_cpu_us_per_op"] > 0 and single["baseline_server_cpu_us_per_op"] > 0
     assert single["server_cpu_ratio"] == pytest.approx(
         single["server_cpu_us_per_op"] / single["baseline_server_cpu_us_per_op"]
+    )
+    # the server's execution of what each case sent (commandstats usec): both measured
+    assert single["server_exec_us_per_op"] > 0 and single["baseline_server_exec_us_per_op"] > 0
+    assert single["server_exec_ratio"] == pytest.approx(
+        single["server_exec_us_per_op"] / single["baseline_server_exec_us_per_op"]
     )
     # server commands per acquire+release: counted by name (the scripts' own calls included),
     # at least the baseline's SET + EVALSHA (+ its GET and DEL)

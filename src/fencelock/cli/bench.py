@@ -247,12 +247,13 @@ def _server_cpu_s(admin: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def _server_commands(admin: redis.Redis) -> dict[str, int]:
-    """Calls per command so far (``INFO commandstats``: a script's own calls count, as does
-    the ``EVALSHA``), without ``INFO`` (this reading's own)."""
+def _server_commands(admin: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds of execution per command so far (``INFO commandstats``: a
+    script's own calls count, as does the ``EVALSHA``, whose time includes theirs), without
+    ``INFO`` (this reading's own)."""
     stats: dict[str, Any] = admin.info("commandstats")
     return {
-        name.removeprefix("cmdstat_"): int(fields["calls"])
+        name.removeprefix("cmdstat_"): (int(fields["calls"]), int(fields["usec"]))
         for name, fields in stats.items()
         if name != "cmdstat_info"
     }
@@ -262,18 +263,31 @@ def _server_commands(admin: redis.Redis) -> dict[str, int]:
 COUNTED_OPS = 100
 
 
-def _commands_per_op(admin: redis.Redis, op: Callable[[], None]) -> dict[str, float]:
+def _commands_per_op(
+    admin: redis.Redis, op: Callable[[], None], sent: frozenset[str]
+) -> tuple[dict[str, float], float]:
     """Server commands per call of ``op`` (its own only: nothing else runs on the server
-    then), by command name, over :data:`COUNTED_OPS` calls."""
+    then), by command name, over :data:`COUNTED_OPS` calls; and the microseconds per call the
+    server spent executing the commands ``op`` sends (``sent``: their names; a script's time
+    includes its own calls, so those are not added again). Reading and parsing the requests,
+    and writing the replies, are not in it: ``server_cpu_us_per_op`` has everything."""
+    zero = (0, 0)
     before = _server_commands(admin)
     for _ in range(COUNTED_OPS):
         op()
     after = _server_commands(admin)
-    return {
-        name: (calls - before.get(name, 0)) / COUNTED_OPS
-        for name, calls in sorted(after.items())
-        if calls != before.get(name, 0)
+    calls = {
+        name: (count - before.get(name, zero)[0]) / COUNTED_OPS
+        for name, (count, _) in sorted(after.items())
+        if count != before.get(name, zero)[0]
     }
+    exec_us = sum(after.get(name, zero)[1] - before.get(name, zero)[1] for name in sent)
+    return calls, exec_us / COUNTED_OPS
+
+
+#: What each case of ``single`` sends (the rest of its commands run inside those scripts).
+OURS_SENT = frozenset({"evalsha", "eval"})
+RAW_SENT = frozenset({"set", "evalsha", "eval"})
 
 
 def _interleaved(
@@ -317,8 +331,8 @@ def _bench_single(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
 
     try:
         _interleaved(plan, cases, batch)
-        commands = _commands_per_op(admin, ours)
-        baseline_commands = _commands_per_op(admin, raw.cycle)
+        commands, exec_us = _commands_per_op(admin, ours, OURS_SENT)
+        baseline_commands, baseline_exec_us = _commands_per_op(admin, raw.cycle, RAW_SENT)
     finally:
         lock.close()
         raw.close()
@@ -350,6 +364,12 @@ def _bench_single(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
         "server_commands_per_op": sum(commands.values()),
         "server_commands_by_name": commands,
         "baseline_server_commands_per_op": sum(baseline_commands.values()),
+        # the server's execution of the commands sent (INFO commandstats usec), without the
+        # request and reply I/O that server_cpu_us_per_op also counts (and that is the same
+        # per round trip for both): the server's share that the scripts decide
+        "server_exec_us_per_op": exec_us,
+        "baseline_server_exec_us_per_op": baseline_exec_us,
+        "server_exec_ratio": _ratio(exec_us, baseline_exec_us),
         "baseline_p50_us": _pct(base_lat, 0.50) * 1e6,
         "baseline_p99_us": _pct(base_lat, 0.99) * 1e6,
         "round_ratios": [_ratio(m.ops_per_s, b.ops_per_s) for m, b in zip(mine, base, strict=True)],
@@ -1156,6 +1176,8 @@ def _human(result: dict[str, Any]) -> str:
         f"{s['baseline_ops_per_s']:>14,.0f}{s['per_key_ratio_to_baseline']:>9.2f}",
         f"{'single: server CPU us/op':<34}{s['server_cpu_us_per_op']:>14.1f}"
         f"{s['baseline_server_cpu_us_per_op']:>14.1f}{s['server_cpu_ratio']:>9.2f}",
+        f"{'single: server exec us/op':<34}{s['server_exec_us_per_op']:>14.1f}"
+        f"{s['baseline_server_exec_us_per_op']:>14.1f}{s['server_exec_ratio']:>9.2f}",
         f"{'single: server commands/op':<34}{s['server_commands_per_op']:>14.1f}"
         f"{s['baseline_server_commands_per_op']:>14.1f}"
         f"{_ratio(s['server_commands_per_op'], s['baseline_server_commands_per_op']):>9.2f}",
@@ -1291,6 +1313,13 @@ def html_report(result: dict[str, Any]) -> str:
                     s["server_cpu_us_per_op"],
                     s["baseline_server_cpu_us_per_op"],
                     s["server_cpu_ratio"],
+                    ".1f",
+                ),
+                row(
+                    "single: server exec us/op",
+                    s["server_exec_us_per_op"],
+                    s["baseline_server_exec_us_per_op"],
+                    s["server_exec_ratio"],
                     ".1f",
                 ),
                 row(
