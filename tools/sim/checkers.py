@@ -37,6 +37,8 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 
+from fencelock._core.handover import HANDED_PREFIX
+
 from .store import guard_refuses_older_writer
 from .world import Grant, History
 
@@ -171,13 +173,18 @@ def _fence_steps(
     return found
 
 
+def _handed(token: str) -> bool:
+    """Whether ``token`` is a hand-over's grant (a release issued it for the next waiter)."""
+    return token.startswith(HANDED_PREFIX)
+
+
 def _won_from(grant: Grant) -> float:
     """True time the round that won ``grant`` began. A handed-over grant (token ``h...``) was
     won by its wait for the hand-over, which began after acquire() was called: the releaser's
     script granted it and issued its fence then, and the claim may be heard much later (a
     paused client reads it from its socket when it runs again; seed 126721219), so the time
     it was heard (``start``, its ``acquired_at``) does not order it."""
-    if grant.token.startswith("h") and grant.asked:
+    if _handed(grant.token) and grant.asked:
         return grant.asked
     return grant.start or grant.at
 
@@ -244,7 +251,7 @@ def grant_lands_everywhere(history: History) -> list[str]:
     if not history.landed:
         return found
     for grant in history.grants:
-        if grant.token.startswith("h"):  # a hand-over's grant: its acquire was another's
+        if _handed(grant.token):  # a hand-over's grant: its acquire was another's
             continue
         if grant.key.startswith("sem/"):  # a permit (sem_acquire, not acquire)
             continue
@@ -421,7 +428,7 @@ def honest_loss(history: History) -> list[str]:
         if not loss.reason.startswith("extend refused"):
             found.append(f"{where}: {loss.reason} (no such loss in the contract)")
             continue
-        if loss.token.startswith("h") or history.clock_broken(loss.granted, loss.at):
+        if _handed(loss.token) or history.clock_broken(loss.granted, loss.at):
             continue  # (a hand-over's key is written by its previous holder's release)
         if loss.held >= majority:
             found.append(

@@ -246,9 +246,7 @@ class AsyncConnection(LinkState, asyncio.Protocol):
             and transport is not None
             and not self._closed
         ):
-            transport.write(payload)
-            self._wrote = True
-            self._unflushed = 0
+            self._write_now(transport, payload)
             return
         self._out += payload
         if not self._flush_scheduled:
@@ -259,10 +257,15 @@ class AsyncConnection(LinkState, asyncio.Protocol):
         self._flush_scheduled = False
         transport = self._transport
         if transport is not None and self._out and not self._closed:
-            transport.write(bytes(self._out))
-            self._wrote = True
-            self._unflushed = 0
+            self._write_now(transport, bytes(self._out))
         self._out.clear()
+
+    def _write_now(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Hand ``data`` (every request not written yet) to the transport: from here on the
+        server may run them, so none of them is ever sent again."""
+        transport.write(data)
+        self._wrote = True
+        self._unflushed = 0
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> None:
         address = self.address
