@@ -259,8 +259,10 @@ def _server_commands(admin: redis.Redis) -> dict[str, tuple[int, int]]:
     }
 
 
-#: Cycles of each case counted for ``server_commands_per_op`` (after the timed rounds).
+#: Cycles of each case counted for ``server_commands_per_op`` (after the timed rounds), in
+#: each of :data:`COUNTED_BATCHES` batches.
 COUNTED_OPS = 100
+COUNTED_BATCHES = 5
 
 
 def _commands_per_op(
@@ -269,20 +271,26 @@ def _commands_per_op(
     """Server commands per call of ``op`` (its own only: nothing else runs on the server
     then), by command name, over :data:`COUNTED_OPS` calls; and the microseconds per call the
     server spent executing the commands ``op`` sends (``sent``: their names; a script's time
-    includes its own calls, so those are not added again). Reading and parsing the requests,
-    and writing the replies, are not in it: ``server_cpu_us_per_op`` has everything."""
+    includes its own calls, so those are not added again), the median of
+    :data:`COUNTED_BATCHES` batches (one stalled call, a virtual CPU descheduled say, moves
+    one batch's sum by milliseconds). Reading and parsing the requests, and writing the
+    replies, are not in it: ``server_cpu_us_per_op`` has everything."""
     zero = (0, 0)
-    before = _server_commands(admin)
-    for _ in range(COUNTED_OPS):
-        op()
-    after = _server_commands(admin)
-    calls = {
-        name: (count - before.get(name, zero)[0]) / COUNTED_OPS
-        for name, (count, _) in sorted(after.items())
-        if count != before.get(name, zero)[0]
-    }
-    exec_us = sum(after.get(name, zero)[1] - before.get(name, zero)[1] for name in sent)
-    return calls, exec_us / COUNTED_OPS
+    calls: dict[str, float] = {}
+    batches: list[float] = []
+    for _ in range(COUNTED_BATCHES):
+        before = _server_commands(admin)
+        for _ in range(COUNTED_OPS):
+            op()
+        after = _server_commands(admin)
+        calls = {
+            name: (count - before.get(name, zero)[0]) / COUNTED_OPS
+            for name, (count, _) in sorted(after.items())
+            if count != before.get(name, zero)[0]
+        }
+        usec = sum(after.get(name, zero)[1] - before.get(name, zero)[1] for name in sent)
+        batches.append(usec / COUNTED_OPS)
+    return calls, _median(batches)
 
 
 #: What each case of ``single`` sends (the rest of its commands run inside those scripts).
