@@ -1,0 +1,85 @@
+"""Hand-off over one server and over N, the bench's way (issue 24).
+
+Eight threads take turns on one key, as ``fencelock bench``'s hand-off does (acquire, waiting;
+1 ms of work; release), for ``--seconds`` per round, on one embedded server and on ``--servers``
+of them (``$FENCELOCK_SERVER_BIN`` or the test kit's default binary), and prints the bench's
+hand-off figures for each round: acquisitions per second, the release -> another worker's
+acquire p50 in µs, and the rounds a woken waiter ran before it held the lock (0: one server
+hands the lock over in its release; 1: over N servers a release wakes a waiter, which then
+acquires).
+
+Usage: ``python benchmarks/handoff_servers.py [--servers N] [--seconds S] [--rounds N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+from fencelock import Lock
+from fencelock.cli.bench import HANDOFF_WORK_S, LOCK_TTL_S, Record, _handoff_figures
+from fencelock.testing import ServerGroup
+
+WORKERS = 8
+
+
+def _worker(servers: str | list[str], key: str, start_at: float, seconds: float) -> list[Record]:
+    lock = Lock(servers, key, ttl=LOCK_TTL_S, wait=10.0)
+    records: list[Record] = []
+    try:
+        delay = start_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        end = start_at + seconds
+        while time.monotonic() < end:
+            called = time.monotonic()
+            lease = lock.acquire()
+            got = time.monotonic()
+            time.sleep(HANDOFF_WORK_S)
+            releasing = time.monotonic()
+            lease.release()
+            records.append((called, got, releasing, lease._after_wake))
+    finally:
+        lock.close()
+    return records
+
+
+def _round(servers: str | list[str], key: str, seconds: float) -> dict[str, float]:
+    results: list[list[Record]] = [[] for _ in range(WORKERS)]
+    start_at = time.monotonic() + 0.3
+
+    def work(index: int) -> None:
+        results[index] = _worker(servers, key, start_at, seconds)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=seconds + 60.0)
+    if any(thread.is_alive() for thread in threads):
+        raise RuntimeError("a worker did not finish")
+    return _handoff_figures(results, seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=3, help="N for the second case")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each case")
+    args = parser.parse_args()
+    with ServerGroup(args.servers) as group:
+        urls = list(group.urls)
+        print(f"{'servers':<9}{'acq/s':>8}{'release->other p50 us':>24}{'claim rounds':>14}")
+        for index in range(args.rounds):
+            for servers in (urls[0], urls):
+                n = 1 if isinstance(servers, str) else len(servers)
+                figures = _round(servers, f"handoff-servers:{n}:{index}", args.seconds)
+                print(
+                    f"{n:<9}{figures['acquisitions_per_s']:>8.0f}"
+                    f"{figures['other_worker_p50_us']:>24.0f}{figures['claim_rtts']:>14.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
