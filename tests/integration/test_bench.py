@@ -38,6 +38,10 @@ FIELDS = {
         "single_p50_us",
         "ratio_p50_to_single",
         "ratio_p50_to_raw_single",  # v0.3
+        # one asyncio task over N servers against one raw redis.asyncio task (issue 24)
+        "async_p50_us",
+        "async_raw_single_p50_us",
+        "async_ratio_p50_to_raw_single",
     ),
     "handoff": (
         "workers",
@@ -138,6 +142,10 @@ def test_bench_json_has_every_field_as_a_positive_number(
     if result["env"]["engine"] == "valkey":  # Valkey 8.1 has SET ... IFEQ
         assert "SET IFEQ" in natives["server_has"], natives
     assert result["redlock"]["raw_single_p50_us"] == single["baseline_p50_us"]
+    red = result["redlock"]
+    assert red["async_ratio_p50_to_raw_single"] == pytest.approx(
+        red["async_p50_us"] / red["async_raw_single_p50_us"]
+    )
     # every worker got the lock at least once, and a release leaves only the fence register
     assert all(count > 0 for count in result["handoff"]["per_worker"])
     # v0.3: one server hands the lock over in its release, so a woken waiter holds it with

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -426,8 +426,14 @@ def _bench_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> dict[str, An
     single_lat = [x for b in single_batches for x in b.latencies]
     p50 = _pct(lat, 0.50) * 1e6
     single_p50 = _pct(single_lat, 0.50) * 1e6
+    async_p50, async_raw_p50 = asyncio.run(_async_redlock(urls, prefix, plan))
     return {
         "servers": len(urls),
+        # one asyncio task: the same N-server cycle against one raw redis.asyncio task's
+        # SET NX PX + EVALSHA on the first server, interleaved
+        "async_p50_us": async_p50,
+        "async_raw_single_p50_us": async_raw_p50,
+        "async_ratio_p50_to_raw_single": _ratio(async_p50, async_raw_p50),
         "p50_us": p50,
         "p99_us": _pct(lat, 0.99) * 1e6,
         "single_p50_us": single_p50,
@@ -436,6 +442,63 @@ def _bench_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> dict[str, An
         "cpu_us_per_op": _median([b.cpu_us_per_op for b in multi_batches]),
         "histogram": _histogram({f"{len(urls)} servers": lat, "1 server": single_lat}),
     }
+
+
+async def _async_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> tuple[float, float]:
+    """p50 (µs) of one asyncio task's acquire + release over every server, and of one raw
+    ``redis.asyncio`` task's ``SET NX PX`` + ``EVALSHA`` on the first, interleaved in
+    ``plan.redlock_rounds`` rounds of ``plan.redlock_batch_s`` each."""
+    from ..asyncio import Lock as AsyncLock
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 2 servers given by the user: measured as given
+        many = AsyncLock(list(urls), f"{prefix}redlock-async", ttl=LOCK_TTL_S)
+    clean, tls = verified(urls[0])
+    raw = aredis.Redis.from_url(
+        clean,
+        single_connection_client=True,
+        socket_timeout=CALL_TIMEOUT_S,
+        socket_connect_timeout=CALL_TIMEOUT_S,
+        **tls,
+    )
+    key = f"{prefix}raw:redlock-async"
+    latencies: dict[str, list[float]] = {"ours": [], "raw": []}
+    try:
+        sha = str(await raw.script_load(BASELINE_RELEASE))
+    except BaseException:
+        await many.aclose()
+        await raw.aclose()
+        raise
+
+    async def ours() -> None:
+        await (await many.acquire(wait=0)).release()
+
+    async def base() -> None:
+        token = secrets.token_hex(20)
+        if not await raw.set(key, token, nx=True, px=BASELINE_TTL_MS):
+            raise RuntimeError(f"baseline key {key!r} unexpectedly held")
+        await raw.evalsha(sha, 1, key, token)
+
+    cases: dict[str, Callable[[], Awaitable[None]]] = {"ours": ours, "raw": base}
+    try:
+        for _ in range(max(10, plan.warmup_ops // 3)):
+            await ours()
+            await base()
+        for index in range(plan.redlock_rounds):
+            for case in _rotated(list(cases), index):
+                op, out = cases[case], latencies[case]
+                end = time.perf_counter() + plan.redlock_batch_s
+                while True:
+                    began = time.perf_counter()
+                    await op()
+                    done = time.perf_counter()
+                    out.append(done - began)
+                    if done >= end:
+                        break
+    finally:
+        await many.aclose()
+        await raw.aclose()
+    return _pct(latencies["ours"], 0.50) * 1e6, _pct(latencies["raw"], 0.50) * 1e6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1203,6 +1266,10 @@ def _human(result: dict[str, Any]) -> str:
         f"{'acquire+release':<34}{r['p50_us']:>14.0f}{r['p99_us']:>14.0f}"
         f"{r['ratio_p50_to_single']:>9.2f}",
         f"{'one server (same run)':<34}{r['single_p50_us']:>14.0f}{'':>14}{1.0:>9.2f}",
+        f"{'asyncio, one task':<34}{r['async_p50_us']:>14.0f}{'':>14}"
+        f"{r['async_ratio_p50_to_raw_single']:>9.2f}",
+        f"{'raw redis.asyncio, one server':<34}{r['async_raw_single_p50_us']:>14.0f}{'':>14}"
+        f"{1.0:>9.2f}",
         "",
         f"{'hand-off, ' + str(h['workers']) + ' workers, 1 key':<34}{'processes':>14}"
         f"{'threads':>14}",
@@ -1361,6 +1428,18 @@ def html_report(result: dict[str, Any]) -> str:
             [
                 row("acquire+release", r["p50_us"], r["p99_us"], r["ratio_p50_to_single"]),
                 (label("one server (same run)"), n(r["single_p50_us"]), ("", ""), ("1.00", "")),
+                (
+                    label("asyncio, one task (x raw redis.asyncio, one server)"),
+                    n(r["async_p50_us"]),
+                    ("", ""),
+                    n(r["async_ratio_p50_to_raw_single"], ".2f"),
+                ),
+                (
+                    label("raw redis.asyncio, one server"),
+                    n(r["async_raw_single_p50_us"]),
+                    ("", ""),
+                    ("1.00", ""),
+                ),
             ],
             cls="bench",
         )
