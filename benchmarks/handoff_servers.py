@@ -1,6 +1,6 @@
 """Hand-off over one server and over N, the bench's way (issue 24).
 
-Eight threads take turns on one key, as ``fencelock bench``'s hand-off does (acquire, waiting;
+Eight threads take turns on one key, with ``fencelock bench``'s hand-off loop (acquire, waiting;
 1 ms of work; release), for ``--seconds`` per round, on one embedded server and on ``--servers``
 of them (``$FENCELOCK_SERVER_BIN`` or the test kit's default binary), and prints the bench's
 hand-off figures for each round: acquisitions per second, the release -> another worker's
@@ -17,32 +17,10 @@ import argparse
 import threading
 import time
 
-from fencelock import Lock
-from fencelock.cli.bench import HANDOFF_WORK_S, LOCK_TTL_S, Record, _handoff_figures
+from fencelock.cli.bench import Record, _handoff_figures, _handoff_loop
 from fencelock.testing import ServerGroup
 
 WORKERS = 8
-
-
-def _worker(servers: str | list[str], key: str, start_at: float, seconds: float) -> list[Record]:
-    lock = Lock(servers, key, ttl=LOCK_TTL_S, wait=10.0)
-    records: list[Record] = []
-    try:
-        delay = start_at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        end = start_at + seconds
-        while time.monotonic() < end:
-            called = time.monotonic()
-            lease = lock.acquire()
-            got = time.monotonic()
-            time.sleep(HANDOFF_WORK_S)
-            releasing = time.monotonic()
-            lease.release()
-            records.append((called, got, releasing, lease._after_wake))
-    finally:
-        lock.close()
-    return records
 
 
 def _round(servers: str | list[str], key: str, seconds: float) -> dict[str, float]:
@@ -50,7 +28,7 @@ def _round(servers: str | list[str], key: str, seconds: float) -> dict[str, floa
     start_at = time.monotonic() + 0.3
 
     def work(index: int) -> None:
-        results[index] = _worker(servers, key, start_at, seconds)
+        results[index] = _handoff_loop(servers, key, start_at, seconds)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
     for thread in threads:

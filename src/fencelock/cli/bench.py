@@ -510,8 +510,11 @@ async def _async_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> tuple[
 Record = tuple[float, float, float, int]
 
 
-def _handoff_loop(url: str, key: str, start_at: float, duration_s: float) -> list[Record]:
-    """One worker: acquire (waiting) -> ~1 ms of work -> release, until the time is up."""
+def _handoff_loop(
+    url: str | list[str], key: str, start_at: float, duration_s: float
+) -> list[Record]:
+    """One worker: acquire (waiting) -> ~1 ms of work -> release, until the time is up
+    (``url``: one server, or a list of them for a Redlock)."""
     from .. import Lock
 
     lock = Lock(url, key, ttl=LOCK_TTL_S, wait=10.0)
