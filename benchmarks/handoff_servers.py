@@ -1,6 +1,6 @@
 """Hand-off over one server and over N, the bench's way (issue 24).
 
-Eight threads take turns on one key, with ``fencelock bench``'s hand-off loop (acquire, waiting;
+Eight threads take turns on one key, with ``fencelock bench``'s hand-off threads (acquire, waiting;
 1 ms of work; release), for ``--seconds`` per round, on one embedded server and on ``--servers``
 of them (``$FENCELOCK_SERVER_BIN`` or the test kit's default binary), and prints the bench's
 hand-off figures for each round: acquisitions per second, the release -> another worker's
@@ -14,30 +14,9 @@ Usage: ``python benchmarks/handoff_servers.py [--servers N] [--seconds S] [--rou
 from __future__ import annotations
 
 import argparse
-import threading
-import time
 
-from fencelock.cli.bench import Record, _handoff_figures, _handoff_loop
+from fencelock.cli.bench import _handoff_figures, _handoff_threads
 from fencelock.testing import ServerGroup
-
-WORKERS = 8
-
-
-def _round(servers: str | list[str], key: str, seconds: float) -> dict[str, float]:
-    results: list[list[Record]] = [[] for _ in range(WORKERS)]
-    start_at = time.monotonic() + 0.3
-
-    def work(index: int) -> None:
-        results[index] = _handoff_loop(servers, key, start_at, seconds)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=seconds + 60.0)
-    if any(thread.is_alive() for thread in threads):
-        raise RuntimeError("a worker did not finish")
-    return _handoff_figures(results, seconds)
 
 
 def main() -> None:
@@ -52,7 +31,10 @@ def main() -> None:
         for index in range(args.rounds):
             for servers in (urls[0], urls):
                 n = 1 if isinstance(servers, str) else len(servers)
-                figures = _round(servers, f"handoff-servers:{n}:{index}", args.seconds)
+                key = f"handoff-servers:{n}:{index}"
+                figures = _handoff_figures(
+                    _handoff_threads(servers, key, args.seconds), args.seconds
+                )
                 print(
                     f"{n:<9}{figures['acquisitions_per_s']:>8.0f}"
                     f"{figures['other_worker_p50_us']:>24.0f}{figures['claim_rtts']:>14.2f}"

@@ -557,7 +557,7 @@ def _handoff_process(
     leave.get(timeout=duration_s + 60.0)
 
 
-def _handoff_threads(url: str, key: str, duration_s: float) -> list[list[Record]]:
+def _handoff_threads(url: str | list[str], key: str, duration_s: float) -> list[list[Record]]:
     results: list[list[Record]] = [[] for _ in range(HANDOFF_WORKERS)]
     errors: list[BaseException] = []
     start_at = time.monotonic() + 0.2
