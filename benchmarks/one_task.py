@@ -28,7 +28,7 @@ import redis
 import redis.asyncio as aredis
 
 import fencelock.asyncio as fasync
-from fencelock.cli.bench import BASELINE_RELEASE
+from fencelock.cli.bench import BASELINE_RELEASE, _server_cpu_s
 from fencelock.testing import ServerGroup
 
 
@@ -36,11 +36,6 @@ async def _cycles(lock: fasync.Lock, n: int) -> None:
     for _ in range(n):
         lease = await lock.acquire()
         await lease.release()
-
-
-def _server_cpu_s(admin: redis.Redis) -> float:
-    info = admin.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 async def _run(urls: list[str], cycles: int, warm: int, profile: bool, raw: bool) -> None:

@@ -19,35 +19,30 @@ import argparse
 import secrets
 import statistics
 import subprocess
-from pathlib import Path
 
 import redis
 
 from fencelock._core.keys import lock_keys
 from fencelock._core.plan import lock_wiring, release_keys
+from fencelock._scripts import assemble
 from fencelock.testing import ServerGroup
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "src" / "fencelock" / "_scripts"
-INCLUDE = "-- #include "
 INFO = '{"host":"bench","pid":1,"acquired_at":1796600259.805}'
 TTL_MS, RETENTION_MS, HANDOFF_MS, WAKE_MS = 10_000, 604_800_000, 50, 5_000
 
 
-def _read(name: str, rev: str | None) -> str:
+def _source(name: str, rev: str | None) -> bytes:
+    """Script ``name``'s source as the package has it, or as it was at git revision ``rev``."""
     if rev is None:
-        return (SCRIPTS / name).read_text()
-    where = f"{rev}:src/fencelock/_scripts/{name}"
-    return subprocess.run(
-        ["git", "show", where], check=True, capture_output=True, text=True, timeout=30
-    ).stdout
+        return assemble(name)
 
+    def at_rev(file: str) -> bytes:
+        where = f"{rev}:src/fencelock/_scripts/{file}"
+        return subprocess.run(
+            ["git", "show", where], check=True, capture_output=True, timeout=30
+        ).stdout
 
-def _source(name: str, rev: str | None) -> str:
-    """``name``.lua with its includes in place, as the loader builds it."""
-    return "".join(
-        _read(line[len(INCLUDE) :].strip(), rev) if line.startswith(INCLUDE) else line
-        for line in _read(f"{name}.lua", rev).splitlines(keepends=True)
-    )
+    return assemble(name, at_rev)
 
 
 def _round(client: redis.Redis, acquire: str, release: str, cycles: int) -> tuple[float, float]:

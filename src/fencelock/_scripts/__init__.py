@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +38,17 @@ def _read(name: str) -> bytes:
     return bytes(loader.get_data(os.path.join(os.path.dirname(__file__), name)))
 
 
-def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
-    lines = _read(f"{name}.lua").splitlines(keepends=True)
-    source = b"".join(
-        _read(line[len(_INCLUDE) :].strip().decode()) if line.startswith(_INCLUDE) else line
-        for line in lines
+def assemble(name: str, read: Callable[[str], bytes] = _read) -> bytes:
+    """The source of script ``name``: its file with each ``-- #include`` line replaced by
+    that file's text (``read``: a file's bytes by file name; default: this package's)."""
+    return b"".join(
+        read(line[len(_INCLUDE) :].strip().decode()) if line.startswith(_INCLUDE) else line
+        for line in read(f"{name}.lua").splitlines(keepends=True)
     )
+
+
+def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
+    source = assemble(name)
     return Script(name, source, hashlib.sha1(source).hexdigest(), numkeys, variadic)
 
 
