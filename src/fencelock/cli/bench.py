@@ -276,20 +276,21 @@ def _commands_per_op(
     one batch's sum by milliseconds). Reading and parsing the requests, and writing the
     replies, are not in it: ``server_cpu_us_per_op`` has everything."""
     zero = (0, 0)
-    calls: dict[str, float] = {}
+    readings = [_server_commands(admin)]
     batches: list[float] = []
     for _ in range(COUNTED_BATCHES):
-        before = _server_commands(admin)
         for _ in range(COUNTED_OPS):
             op()
-        after = _server_commands(admin)
-        calls = {
-            name: (count - before.get(name, zero)[0]) / COUNTED_OPS
-            for name, (count, _) in sorted(after.items())
-            if count != before.get(name, zero)[0]
-        }
+        readings.append(_server_commands(admin))
+        before, after = readings[-2:]
         usec = sum(after.get(name, zero)[1] - before.get(name, zero)[1] for name in sent)
         batches.append(usec / COUNTED_OPS)
+    before, after = readings[:2]  # the counts of the first batch (every batch has the same)
+    calls = {
+        name: (count - before.get(name, zero)[0]) / COUNTED_OPS
+        for name, (count, _) in sorted(after.items())
+        if count != before.get(name, zero)[0]
+    }
     return calls, _median(batches)
 
 
@@ -463,12 +464,7 @@ async def _async_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> tuple[
     )
     key = f"{prefix}raw:redlock-async"
     latencies: dict[str, list[float]] = {"ours": [], "raw": []}
-    try:
-        sha = str(await raw.script_load(BASELINE_RELEASE))
-    except BaseException:
-        await many.aclose()
-        await raw.aclose()
-        raise
+    sha = ""  # loaded first thing in the try below
 
     async def ours() -> None:
         await (await many.acquire(wait=0)).release()
@@ -481,6 +477,7 @@ async def _async_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> tuple[
 
     cases: dict[str, Callable[[], Awaitable[None]]] = {"ours": ours, "raw": base}
     try:
+        sha = str(await raw.script_load(BASELINE_RELEASE))
         for _ in range(max(10, plan.warmup_ops // 3)):
             await ours()
             await base()
