@@ -177,6 +177,20 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         args=("--fork",),
     ),
+    Mutant(
+        name="fast-release-any-holder",
+        description=(
+            "release.lua's uncontended path (written out, before lock_value.lua's functions: "
+            "issue 24) deletes a lock whose value has holder info after as many bytes as the "
+            "token, whoever's it is: a stale lease's release frees its successor's lock"
+        ),
+        file="_scripts/release.lua",
+        find=(
+            "    and string.sub(value, 1, #ARGV[1]) == ARGV[1] and string.byte(ARGV[1], 1) ~= 104"
+            " then\n"
+        ),
+        replace="    and string.byte(ARGV[1], 1) ~= 104 then\n",
+    ),
 )
 
 
@@ -185,7 +199,41 @@ MUTANTS: tuple[Mutant, ...] = (
 #: lasting split (``workloads.lasting_split``) gave servers that disagree on the slots for
 #: longer than a wait with nobody else asking (the workload's own split votes come from
 #: concurrent asks and resolve on the next attempt).
-PENDING: tuple[Mutant, ...] = ()
+#: The two below guard the uncontended paths the scripts write out (issue 24); the real-server
+#: tests named in each catch them, the simulation's schedules do not reach them yet.
+PENDING: tuple[Mutant, ...] = (
+    Mutant(
+        name="fast-fence-over-any-register",
+        description=(
+            "acquire.lua's free-lock grant issues the TIME floor whatever the register holds: "
+            "a register at or past the floor (a commit from a server whose clock runs ahead, "
+            "over N > 1 servers without restart_delay; a register raised by hand) gives a "
+            "fence that repeats or goes back. Caught by tests/integration/test_fence_issue.py "
+            "and test_exact_fences.py; the simulation's N > 1 locks keep restart_delay (a "
+            "stepped floor takes fence_math.lua's path) and one server's register stays "
+            "below its clock"
+        ),
+        file="_scripts/acquire.lua",
+        find=(
+            "  if not old or type(old) == 'string' and (#old < #floor or #old == #floor and old"
+            " < floor)\n      and string.find(old, '^%d+$') then\n"
+        ),
+        replace="  if true then\n",
+    ),
+    Mutant(
+        name="fast-extend-any-holder",
+        description=(
+            "extend.lua's common case extends a lock whose value has holder info after as many "
+            "bytes as the token, whoever's it is. Caught by tests/integration/test_lock.py's "
+            "test_stale_lease_cannot_release_or_extend; in the simulation a stale extend must "
+            "reach the server after the key expired and another took it, and still be "
+            "answered within the stale lease's validity"
+        ),
+        file="_scripts/extend.lua",
+        find="    and string.sub(value, 1, #ARGV[1]) == ARGV[1]) then\n",
+        replace="    ) then\n",
+    ),
+)
 
 
 def apply(mutant: Mutant, src: Path) -> None:

@@ -24,27 +24,57 @@
 -- caller takes its place. A hand-off marker without a TTL is stray (release.lua always sets a
 -- PX): it is deleted, not obeyed.
 -- An error reply, nothing granted, when F is not a fence or is at 2^63 - 1.
--- #include fence_math.lua
--- #include lock_value.lua
 local now = redis.call('TIME')
-local value = lock_value(ARGV[1], ARGV[3])
-local function grant()
-  local fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
-  if not fence then
-    redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
-    return redis.error_reply(why)
-  end
-  -- a waiter taking the lock with others still waiting marks its value, so that its release
-  -- wakes them (see lock_value.lua); a newcomer's grant reads nothing more
-  if ARGV[5] ~= '-' and redis.call('ZREM', KEYS[4], ARGV[5]) == 1 and value ~= ARGV[1]
+-- (lock_value.lua's lock_value(ARGV[1], ARGV[3]) and, for a waiter's grant, lock_marked of it,
+-- written out, as is the common case of the fence's issue below: a Lua function is built on
+-- every call, and the free lock's grant builds one only)
+local value = ARGV[1]
+if ARGV[3] ~= '' then value = value .. '\255' .. ARGV[3] end
+-- a waiter taking the lock with others still waiting marks its value, so that its release
+-- wakes them (see lock_value.lua); a newcomer's grant reads nothing more
+local function granted(fence)
+  if ARGV[5] ~= '-' and redis.call('ZREM', KEYS[4], ARGV[5]) == 1 and ARGV[3] ~= ''
       and redis.call('ZCARD', KEYS[4]) > 0 then
-    redis.call('SET', KEYS[1], lock_marked(value), 'KEEPTTL')
+    redis.call('SET', KEYS[1], ARGV[1] .. '\254' .. ARGV[3], 'KEEPTTL')
   end
   return {1, fence}
 end
 -- (the lock was free: a claim left in KEYS[7] by a holder that is gone is over, but it is
 -- harmless until the next hand-over, which starts a new list, and the release deletes it)
-if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return grant() end
+local free = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+local floor, old
+local keep = ARGV[7] or '0'
+if free and (ARGV[8] or '0') == '0' and (keep == '0' or string.find(keep, '^[1-9]%d*$')) then
+  -- fence_issue(KEYS[2], now, ARGV[8], ARGV[7]) for TIME unstepped, as far as the common case
+  -- goes: the floor, fence_time(now), is the fence when F is absent or digits below it, and
+  -- fence_keep keeps it for the retention (a fence at TIME is never ahead of the clock)
+  floor = now[1] .. string.sub('00000' .. now[2], -6)
+  if keep == '0' then
+    old = redis.pcall('SET', KEYS[2], floor, 'GET')
+  else
+    old = redis.pcall('SET', KEYS[2], floor, 'GET', 'PX', keep)
+  end
+  if not old or type(old) == 'string' and (#old < #floor or #old == #floor and old < floor)
+      and string.find(old, '^%d+$') then
+    return granted(floor)
+  end
+end
+-- #include fence_math.lua
+local function grant()
+  local fence, why
+  if floor then
+    fence, why = fence_settle(KEYS[2], now, ARGV[7], floor, old)  -- (SET ... GET sent above)
+  else
+    fence, why = fence_issue(KEYS[2], now, ARGV[8], ARGV[7])
+  end
+  if not fence then
+    redis.call('DEL', KEYS[1])  -- just taken by us: no grant without a fence
+    return redis.error_reply(why)
+  end
+  return granted(fence)
+end
+if free then return grant() end
+-- #include lock_value.lua
 -- (the waiter queue's functions are only built past the free lock's grant)
 -- #include waiting.lua
 local function refuse(pttl)

@@ -71,17 +71,12 @@ end
 local function fence_store(key, fence, now, retention)
   redis.call('SET', key, fence, unpack(fence_keep(fence, now, retention)))
 end
--- The fence a grant issues (fence_above the register, over the TIME floor: TIME stepped up by
--- `step`), stored in the register `key` as fence_store does; or nil and why, the register left
--- as it was (its TTL dropped, though: see below). When the TIME floor is the fence, which it
--- is unless the register is at or past it, that is one command, SET ... GET (the register read
--- as it is replaced); otherwise the register is written again. A server without SET ... GET
--- (Redis before 6.2) refuses it, and so does a register that holds no string: then it is read
--- and written as two commands (or, for a key of another type, the reason is returned: a
--- script's caller can still undo what it took).
-local function fence_issue(key, now, step, retention)
-  local floor = fence_time(fence_step_up(now, step))
-  local old = redis.pcall('SET', key, floor, 'GET', unpack(fence_keep(floor, now, retention)))
+-- What fence_issue's SET `key` `floor` GET (with fence_keep's options), answered `old`, grants:
+-- the fence, stored as fence_store does; or nil and why, the register put back as it was (its
+-- TTL dropped, though). A server without SET ... GET (Redis before 6.2) refuses it, and so does
+-- a register that holds no string: then it is read and written as two commands (or, for a key
+-- of another type, the reason is returned: a script's caller can still undo what it took).
+local function fence_settle(key, now, retention, floor, old)
   local written = type(old) ~= 'table'  -- (an error reply: nothing was written)
   if not written then
     old = redis.pcall('GET', key)
@@ -100,6 +95,16 @@ local function fence_issue(key, now, step, retention)
   end
   if fence ~= floor or not written then fence_store(key, fence, now, retention) end
   return fence
+end
+-- The fence a grant issues (fence_above the register, over the TIME floor: TIME stepped up by
+-- `step`), stored in the register `key` as fence_store does; or nil and why, the register left
+-- as it was (its TTL dropped, though: see fence_settle). When the TIME floor is the fence,
+-- which it is unless the register is at or past it, that is one command, SET ... GET (the
+-- register read as it is replaced); otherwise the register is written again.
+local function fence_issue(key, now, step, retention)
+  local floor = fence_time(fence_step_up(now, step))
+  local old = redis.pcall('SET', key, floor, 'GET', unpack(fence_keep(floor, now, retention)))
+  return fence_settle(key, now, retention, floor, old)
 end
 -- F = max(F, fence) for a fence the client sends (a commit; stored as fence_store does); the
 -- register before, or nil and why when either is not a fence
