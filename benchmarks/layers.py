@@ -26,6 +26,7 @@ import redis.asyncio as aredis
 
 import fencelock
 import fencelock.asyncio as fasync
+from fencelock._frontend.holder import TOKEN_BYTES
 from fencelock.testing import ServerGroup
 
 RELEASE = (
@@ -87,7 +88,7 @@ def _sync_paths(urls: list[str], cycles: int) -> None:
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(cycles):
-            token = secrets.token_hex(20)
+            token = secrets.token_hex(TOKEN_BYTES)
             raw.set("layers:raw", token, nx=True, px=10_000)
             raw.evalsha(sha, 1, "layers:raw", token)
         profile.disable()
@@ -114,7 +115,7 @@ async def _one_task(url: str, cycles: int) -> None:
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(cycles):
-            token = secrets.token_hex(20)
+            token = secrets.token_hex(TOKEN_BYTES)
             await raw.set("layers:raw-async", token, nx=True, px=10_000)
             await raw.evalsha(sha, 1, "layers:raw-async", token)
         profile.disable()

@@ -24,6 +24,7 @@ import redis
 
 from fencelock._core.keys import lock_keys
 from fencelock._core.plan import lock_wiring, release_keys
+from fencelock._frontend.holder import TOKEN_BYTES
 from fencelock._scripts import assemble
 from fencelock.testing import ServerGroup
 
@@ -47,7 +48,7 @@ def _source(name: str, rev: str | None) -> bytes:
 
 def _round(client: redis.Redis, acquire: str, release: str, cycles: int) -> tuple[float, float]:
     """µs per acquire and per release call, for ``cycles`` fresh keys."""
-    tokens = [secrets.token_hex(20) for _ in range(cycles)]
+    tokens = [secrets.token_hex(TOKEN_BYTES) for _ in range(cycles)]
     keys = [lock_keys(f"script-exec:{i}") for i in range(cycles)]
     figures = []
     for phase in ("acquire", "release"):

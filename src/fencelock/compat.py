@@ -23,7 +23,7 @@ What differs from the originals, and why (each one is listed in ``docs/migrating
 - A waiter is woken by a fencelock release at once, and besides tries again at least every
   ``sleep`` seconds (so a plain redis-py holder's release, which wakes nobody, is seen within
   that time); it does not sleep ``sleep`` through ``redis.lock``'s clock.
-- Tokens are 160 random bits (40 hex digits), not a UUID4 (122). A token chosen by the caller
+- Tokens are 128 random bits (32 hex digits), not a UUID4 (122). A token chosen by the caller
   must not start with ``h`` (fencelock reads such a value as a lock handed over to a waiter):
   :class:`~fencelock.ConfigError`.
 - Servers that do not answer raise :class:`ServersUnavailable`, both a
@@ -439,7 +439,7 @@ class RedisPyLock(_RedisPyShape):
 
     Same arguments and methods as :class:`redis.lock.Lock`; ``timeout`` and the other
     durations are seconds. Differences (see the module's docstring): ``timeout=None`` is a
-    renewed lease, waiting is woken by releases, tokens are 160 random bits. Adds
+    renewed lease, waiting is woken by releases, tokens are 128 random bits. Adds
     :attr:`fence`, :attr:`lease` and :attr:`lost`. Bad arguments raise
     :class:`~fencelock.ConfigError` (a ``ValueError``) before any I/O.
     """

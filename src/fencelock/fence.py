@@ -102,7 +102,7 @@ DEFAULT_PREFIX = "fencelock:res:"
 DEFAULT_TIMEOUT = 5.0
 # The largest fence: a signed 64-bit integer, so the same fence fits a SQL BIGINT column.
 MAX_FENCE = 2**63 - 1
-# The longest token a guard stores (lease tokens are 40 hex digits; a SQL token column is
+# The longest token a guard stores (lease tokens are 32 hex digits; a SQL token column is
 # VARCHAR(255)).
 MAX_TOKEN = 255
 # apply() does its arithmetic in Lua numbers (doubles): exact for integers up to 2^53 - 1.

@@ -329,7 +329,7 @@ def test_child_environment(server: Server, client: redis.Redis, key: str, tmp_pa
     assert re.fullmatch(r"[1-9][0-9]*", fence)
     assert int(fence) > before.fence
     assert fence_register(client, key) == int(fence)
-    assert re.fullmatch(r"[0-9a-f]{40}", token)
+    assert re.fullmatch(r"[0-9a-f]{32}", token)
     assert seen_key == key
 
 

@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Any
 
-TOKEN_BYTES = 20  # 160 random bits from the OS CSPRNG
+TOKEN_BYTES = 16  # 128 random bits from the OS CSPRNG (DESIGN.md: at least 128)
 
 _HOST = socket.gethostname()
 _prefix: dict[tuple[int, str | None], str] = {}
