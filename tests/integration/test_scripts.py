@@ -54,8 +54,8 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
     "acquire": "d17942089e616c1aa60720979c1e3d01d5b1818a",
-    "release": "c97dcfbde3bd5fe01f9e971cf16aab00e1b5dae9",
-    "extend": "bc760315a6dd075ede64762fbebc1b809145009d",
+    "release": "11ff2034c27aff1fbbad4767f9874b838ae02ccf",
+    "extend": "ed24fe524f7d7a1d2db587826783e369768a58c4",
     "fence_commit": "93dd03dca5e019c3fb53981119758e3002d88063",
     "elect_announce": "b7339a072b28365c4e0479435c11b8aaa41a6daf",
     "elect_read": "536335c6640f34755417dce4057e7150cc63e779",

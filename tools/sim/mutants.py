@@ -182,14 +182,15 @@ MUTANTS: tuple[Mutant, ...] = (
         description=(
             "release.lua's uncontended path (written out, before lock_value.lua's functions: "
             "issue 24) deletes a lock whose value has holder info after as many bytes as the "
-            "token, whoever's it is: a stale lease's release frees its successor's lock"
+            "token, or is as long as the token, whoever's it is: a stale lease's release frees "
+            "its successor's lock"
         ),
         file="_scripts/release.lua",
         find=(
-            "    and string.sub(value, 1, #ARGV[1]) == ARGV[1] and string.byte(ARGV[1], 1) ~= 104"
-            " then\n"
+            "if value and ARGV[1] ~= '' and string.byte(ARGV[1], 1) ~= 104\n"
+            "    and string.sub(value, 1, #ARGV[1]) == ARGV[1] then\n"
         ),
-        replace="    and string.byte(ARGV[1], 1) ~= 104 then\n",
+        replace="if value and ARGV[1] ~= '' and string.byte(ARGV[1], 1) ~= 104 then\n",
     ),
 )
 
@@ -223,15 +224,15 @@ PENDING: tuple[Mutant, ...] = (
     Mutant(
         name="fast-extend-any-holder",
         description=(
-            "extend.lua's common case extends a lock whose value has holder info after as many "
-            "bytes as the token, whoever's it is. Caught by tests/integration/test_lock.py's "
-            "test_stale_lease_cannot_release_or_extend; in the simulation a stale extend must "
-            "reach the server after the key expired and another took it, and still be "
-            "answered within the stale lease's validity"
+            "extend.lua's common cases extend a lock whose value has holder info after as many "
+            "bytes as the token, or is as long as the token, whoever's it is. Caught by "
+            "tests/integration/test_lock.py's test_stale_lease_cannot_release_or_extend; in the "
+            "simulation a stale extend must reach the server after the key expired and another "
+            "took it, and still be answered within the stale lease's validity"
         ),
         file="_scripts/extend.lua",
-        find="    and string.sub(value, 1, #ARGV[1]) == ARGV[1]) then\n",
-        replace="    ) then\n",
+        find="if not (value and ARGV[1] ~= '' and string.sub(value, 1, #ARGV[1]) == ARGV[1]\n",
+        replace="if not (value and ARGV[1] ~= ''\n",
     ),
 )
 

@@ -5,10 +5,11 @@
 -- ARGV[1] token      ARGV[2] new lease in ms
 -- returns 1 extended (it was ours); 0 not ours: nothing changed
 local value = redis.call('GET', KEYS[1])
--- (lock_value.lua's lock_held_by: its common case, our token with holder info, written out so
--- that it builds no Lua function, which is built on every call)
-if not (value and ARGV[1] ~= '' and string.byte(value, #ARGV[1] + 1) == 255
-    and string.sub(value, 1, #ARGV[1]) == ARGV[1]) then
+local after = value and string.byte(value, #ARGV[1] + 1)
+-- (lock_value.lua's lock_held_by for its common cases, our token with holder info or bare,
+-- written out so that they build no Lua function, which is built on every call)
+if not (value and ARGV[1] ~= '' and string.sub(value, 1, #ARGV[1]) == ARGV[1]
+    and (after == 255 or after == nil)) then
 -- #include lock_value.lua
   if not lock_held_by(value, ARGV[1]) then return 0 end
 end

@@ -20,12 +20,16 @@
 -- that long; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
 -- then answers why: a release never fails for want of a next fence).
 local value = redis.call('GET', KEYS[1])
--- the common case, written out so that it builds no Lua function (one is built on every call):
--- our token with holder info and without the waiters' mark (see lock_value.lua), no hand-over's
-if value and ARGV[1] ~= '' and string.byte(value, #ARGV[1] + 1) == 255
-    and string.sub(value, 1, #ARGV[1]) == ARGV[1] and string.byte(ARGV[1], 1) ~= 104 then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[7])
-  return 1
+-- the common cases, written out so that they build no Lua function (one is built on every
+-- call): our token, not a hand-over's, with holder info and without the waiters' mark, or bare
+-- (the compat layer's: it carries no mark) with nobody registered to wait (see lock_value.lua)
+if value and ARGV[1] ~= '' and string.byte(ARGV[1], 1) ~= 104
+    and string.sub(value, 1, #ARGV[1]) == ARGV[1] then
+  local after = string.byte(value, #ARGV[1] + 1)
+  if after == 255 or after == nil and redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[1], KEYS[2], KEYS[7])
+    return 1
+  end
 end
 -- #include lock_value.lua
 if not lock_held_by(value, ARGV[1]) then
