@@ -18,7 +18,6 @@ import asyncio
 import collections
 import cProfile
 import pstats
-import secrets
 from typing import Any
 
 import redis
@@ -26,7 +25,7 @@ import redis.asyncio as aredis
 
 import fencelock
 import fencelock.asyncio as fasync
-from fencelock._frontend.holder import TOKEN_BYTES
+from fencelock._frontend.holder import new_token
 from fencelock.testing import ServerGroup
 
 RELEASE = (
@@ -88,7 +87,7 @@ def _sync_paths(urls: list[str], cycles: int) -> None:
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(cycles):
-            token = secrets.token_hex(TOKEN_BYTES)
+            token = new_token()
             raw.set("layers:raw", token, nx=True, px=10_000)
             raw.evalsha(sha, 1, "layers:raw", token)
         profile.disable()
@@ -115,7 +114,7 @@ async def _one_task(url: str, cycles: int) -> None:
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(cycles):
-            token = secrets.token_hex(TOKEN_BYTES)
+            token = new_token()
             await raw.set("layers:raw-async", token, nx=True, px=10_000)
             await raw.evalsha(sha, 1, "layers:raw-async", token)
         profile.disable()

@@ -20,7 +20,6 @@ import asyncio
 import cProfile
 import pstats
 import resource
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -28,7 +27,7 @@ import redis
 import redis.asyncio as aredis
 
 import fencelock.asyncio as fasync
-from fencelock._frontend.holder import TOKEN_BYTES
+from fencelock._frontend.holder import new_token
 from fencelock.cli.bench import BASELINE_RELEASE, _server_cpu_s
 from fencelock.testing import ServerGroup
 
@@ -47,7 +46,7 @@ async def _run(urls: list[str], cycles: int, warm: int, profile: bool, raw: bool
 
     async def raw_cycles(n: int) -> None:
         for _ in range(n):
-            token = secrets.token_hex(TOKEN_BYTES)
+            token = new_token()
             if not await base.set("one-task:raw", token, nx=True, px=10_000):
                 raise RuntimeError("the raw baseline's key is held")
             await base.evalsha(sha, 1, "one-task:raw", token)

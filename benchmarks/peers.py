@@ -32,7 +32,7 @@ import redis
 import redis.asyncio as aredis
 
 from fencelock import Lock
-from fencelock._frontend.holder import TOKEN_BYTES
+from fencelock._frontend.holder import new_token
 from fencelock.asyncio import Lock as AsyncLock
 from fencelock.cli.bench import BASELINE_RELEASE, _handoff_figures, _pct, _timed
 from fencelock.testing import ServerGroup
@@ -94,7 +94,7 @@ def raw_single(url: str, key: str) -> Cycle:
     sha = client.script_load(BASELINE_RELEASE)
 
     def cycle() -> None:
-        token = secrets.token_hex(TOKEN_BYTES)
+        token = new_token()
         assert client.set(key, token, nx=True, px=TTL_S * 1000)
         client.evalsha(sha, 1, key, token)
 
@@ -111,7 +111,7 @@ async def raw_async(url: str, key: str) -> AsyncCycle:
     sha = await client.script_load(BASELINE_RELEASE)
 
     async def cycle() -> None:
-        token = secrets.token_hex(TOKEN_BYTES)
+        token = new_token()
         assert await client.set(key, token, nx=True, px=TTL_S * 1000)
         await client.evalsha(sha, 1, key, token)
 

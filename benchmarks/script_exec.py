@@ -16,7 +16,6 @@ Usage: ``python benchmarks/script_exec.py [--rev REV]... [--cycles N] [--rounds 
 from __future__ import annotations
 
 import argparse
-import secrets
 import statistics
 import subprocess
 
@@ -24,7 +23,7 @@ import redis
 
 from fencelock._core.keys import lock_keys
 from fencelock._core.plan import lock_wiring, release_keys
-from fencelock._frontend.holder import TOKEN_BYTES
+from fencelock._frontend.holder import new_token
 from fencelock._scripts import assemble
 from fencelock.testing import ServerGroup
 
@@ -48,7 +47,7 @@ def _source(name: str, rev: str | None) -> bytes:
 
 def _round(client: redis.Redis, acquire: str, release: str, cycles: int) -> tuple[float, float]:
     """µs per acquire and per release call, for ``cycles`` fresh keys."""
-    tokens = [secrets.token_hex(TOKEN_BYTES) for _ in range(cycles)]
+    tokens = [new_token() for _ in range(cycles)]
     keys = [lock_keys(f"script-exec:{i}") for i in range(cycles)]
     figures = []
     for phase in ("acquire", "release"):

@@ -58,7 +58,7 @@ import redis.asyncio as aredis
 
 from .._core.keys import keys_glob, lock_keys, rw_keys, slot_keys
 from .._engine.plain_clients import verified
-from .._frontend.holder import TOKEN_BYTES
+from .._frontend.holder import new_token
 
 QUICK_ENV = "FENCELOCK_BENCH_QUICK"
 
@@ -233,7 +233,7 @@ class _RawLock:
         self.sha = str(self.client.script_load(BASELINE_RELEASE))
 
     def cycle(self) -> None:
-        token = secrets.token_hex(TOKEN_BYTES)
+        token = new_token()
         if not self.client.set(self.key, token, nx=True, px=BASELINE_TTL_MS):
             raise RuntimeError(f"baseline key {self.key!r} unexpectedly held")
         self.client.evalsha(self.sha, 1, self.key, token)
@@ -471,7 +471,7 @@ async def _async_redlock(urls: Sequence[str], prefix: str, plan: Plan) -> tuple[
         await (await many.acquire(wait=0)).release()
 
     async def base() -> None:
-        token = secrets.token_hex(TOKEN_BYTES)
+        token = new_token()
         if not await raw.set(key, token, nx=True, px=BASELINE_TTL_MS):
             raise RuntimeError(f"baseline key {key!r} unexpectedly held")
         await raw.evalsha(sha, 1, key, token)
@@ -706,7 +706,7 @@ async def _async_batches(url: str, prefix: str, plan: Plan) -> dict[str, Any]:
         key = raw_keys[index]
         count = 0
         while True:
-            token = secrets.token_hex(TOKEN_BYTES)
+            token = new_token()
             if not await raw.set(key, token, nx=True, px=BASELINE_TTL_MS):
                 raise RuntimeError(f"baseline key {key!r} unexpectedly held")
             await raw.evalsha(sha, 1, key, token)
