@@ -64,9 +64,10 @@ def a_holds_then_server_1_restarts_empty(topo: Topology, a: Lock) -> tuple[Lease
     # server 2 timed out during A's round, so it is suspect (not asked) until a background
     # probe sees it healed: wait for that (bounded) so that B later finds it answering
     (server_2,) = resolve(topo.lock_urls[2])
-    deadline = time.monotonic() + 1.0
+    deadline = time.monotonic() + 5.0
     while server_2.health.suspect and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert not server_2.health.suspect, "no probe saw server 2 healed"
     topo.servers[1].kill()
     topo.servers[1].restart(wipe=True)
     return lease, time.monotonic()

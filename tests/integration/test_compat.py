@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import re
 import threading
 import time
 from typing import Any
@@ -40,6 +41,40 @@ def test_a_redis_py_lock_and_a_redispylock_on_one_name_exclude_each_other(r: Any
     ours.release()
     assert plain.acquire(blocking=False)
     plain.release()
+
+
+def test_default_tokens_are_128_random_bits_in_hex(topologies: Any, key: str) -> None:
+    """docs/migrating.md's deviation from redis-py's UUID4 tokens: 32 hex digits (128 bits), a
+    new one each acquire, stored as the key's value, on both front ends."""
+    url = topologies.urls(1)[0]
+    tokens = []
+    client = redis.Redis.from_url(url)
+    try:
+        for _ in range(3):
+            lock = client.lock(key, timeout=30, lock_class=RedisPyLock)
+            assert lock.acquire(blocking=False)
+            assert client.get(key) == lock.local.token
+            tokens.append(lock.local.token)
+            lock.release()
+    finally:
+        client.close()
+
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(url)
+        try:
+            for _ in range(3):
+                lock = aclient.lock(key, timeout=30, lock_class=AsyncRedisPyLock)
+                assert await lock.acquire(blocking=False)
+                assert await aclient.get(key) == lock.local.token
+                tokens.append(lock.local.token)
+                await lock.release()
+        finally:
+            await aclient.aclose()
+
+    asyncio.run(main())
+    for token in tokens:
+        assert re.fullmatch(rb"[0-9a-f]{32}", token), token
+    assert len(set(tokens)) == 6, tokens
 
 
 def test_fences_grow_from_holder_to_holder(r: Any, key: str) -> None:

@@ -171,9 +171,12 @@ def test_redis_pys_own_lock_tests_pass_but_for_the_documented_deviations(
     assert not failed - set(deviations), (
         f"failed but not a documented deviation: {sorted(failed - set(deviations))}\n{tail}"
     )
-    assert not set(deviations) - failed, (
+    # a row that passes by chance (a random token read as a UUID4) must run, but may pass
+    chance = {name for name, reason in deviations.items() if "passes by chance" in reason}
+    assert chance <= set(seen), f"listed deviations that did not run: {sorted(chance - set(seen))}"
+    assert not set(deviations) - chance - failed, (
         f"documented as deviations but they pass or did not run (update docs/migrating.md):"
-        f" {sorted(set(deviations) - failed)}"
+        f" {sorted(set(deviations) - chance - failed)}"
     )
     # both modules ran, and most of each passes
     for side in ("sync", "asyncio"):
