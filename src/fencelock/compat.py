@@ -159,8 +159,10 @@ _BESIDE = ("fence", "holder", "waiters", "handoff", "claimed", "observers")
 
 def _definition(base: Definition, keys: LockKeys) -> Definition:
     """``base`` re-keyed: no hand-over (a release wakes a waiter, which then takes the lock
-    under its own token, the one the caller chose)."""
-    return base.with_plan(base.plan.rewired(keys, lock_wiring(keys)))
+    under its own token, the one the caller chose), and tokens that are granted again
+    (``LockPlan.tokens_reused``: no release of one is sent after its round)."""
+    plan = replace(base.plan.rewired(keys, lock_wiring(keys)), tokens_reused=True)
+    return base.with_plan(plan)
 
 
 def _with_sleep(plan: LockPlan, sleep_s: float) -> LockPlan:

@@ -57,6 +57,7 @@ from .verdicts import (
     independence_problem,
     may_have_landed,
     restarting,
+    silent,
     without_restarted,
 )
 
@@ -285,7 +286,8 @@ def give_up(grant_round: Broadcast, plan: LockPlan, token: str, classify: Classi
     round is parked, gets ``token`` released on that server from the background (``plan``'s
     release, ``classify``: the round's bare reply reader; simulation seed 205015)."""
     grant_round.land = False
-    grant_round.late = late_release(plan, token, classify)
+    # a reused token's late release could delete its next grant: a late grant stays (its TTL)
+    grant_round.late = None if plan.tokens_reused else late_release(plan, token, classify)
 
 
 def late_release(
@@ -417,6 +419,11 @@ def clean_up(plan: LockPlan, token: str, tally: Tally, grace_s: float | None) ->
         except BaseException as exc:
             interrupted = exc
     targets = may_have_landed(tally)
+    if plan.tokens_reused:
+        # only where the grant was heard, and waited for: a release that lands after this
+        # cleanup could delete the next grant of the same token
+        targets = tuple(i for i in targets if tally.votes.get(i, (None,))[0] is Outcome.GRANTED)
+        grace_s = None
     if targets:
         heard = None if grace_s is None else tuple(i for i in targets if i in tally.votes)
         try:
@@ -424,6 +431,8 @@ def clean_up(plan: LockPlan, token: str, tally: Tally, grace_s: float | None) ->
         except GeneratorExit:
             raise
         except BaseException:
+            if plan.tokens_reused:
+                raise
             # the caller is interrupted: the release goes on where no caller can stop it
             yield Repeat(
                 plan.wiring.release,
@@ -478,7 +487,12 @@ def acquire(
             return replace(result.grant, after_wake=1) if woken else result.grant
         now = yield NOW
         remaining = deadline - now
-        if remaining <= 0 or (cancelled is not None and cancelled()):
+        if (
+            remaining <= 0
+            or (cancelled is not None and cancelled())
+            # a reused token is not sent again while the last attempt's may still land
+            or (plan.tokens_reused and silent(result.tally))
+        ):
             raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
         delay = retry_delay_s(
             attempt=attempts - 1,

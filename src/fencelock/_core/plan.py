@@ -67,7 +67,13 @@ class LockPlan:
       (one round trip per hand-off; see :func:`hands_over`); False for the plans
       :meth:`rewired` to other scripts and keys;
     - ``fence_retention_ms``: how long the fence register outlives its last write (0: for
-      ever), passed to every script that writes it (see ``fence_math.lua``).
+      ever), passed to every script that writes it (see ``fence_math.lua``);
+    - ``tokens_reused``: a token may be granted again after it was released or refused (the
+      compat layer's tokens, which its caller chooses and keeps: python-redis-lock's ``id``,
+      redis-py's ``token=``). Nothing that carries the token is then sent after its round is
+      over (no repeated or late release, no cleanup release to a server that did not answer):
+      it could delete a later grant of the same token, the lock held by nobody while its
+      holder's lease is valid. A grant that lands late stays until its TTL instead.
     """
 
     key: str
@@ -86,6 +92,7 @@ class LockPlan:
     wait: Wait | None = None
     hands_over: bool = False
     fence_retention_ms: int = 0
+    tokens_reused: bool = False
 
     @property
     def n(self) -> int:

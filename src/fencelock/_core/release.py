@@ -41,7 +41,10 @@ def release_round(
 
     ``next_token`` (see :mod:`.handover`): where a waiter is registered, the lock is granted
     at once under this token to the first waiter that claims it; ``waiter``: the releaser's
-    own waiter id (a holder that claimed a hand-over is still registered as a waiter)."""
+    own waiter id (a holder that claimed a hand-over is still registered as a waiter).
+
+    With ``plan.tokens_reused`` nothing is repeated: the token may be granted again meanwhile,
+    and a repeat would delete that grant (see :class:`~.plan.LockPlan`)."""
     everyone = plan.everyone
     tally = Tally(len(everyone))
     if targets is None:
@@ -78,7 +81,7 @@ def release_round(
     if await_only is not None:
         unheard = tuple(i for i in targets if i not in tally.votes)
     late = tuple(sorted(silent(tally) + _not_sent(tally) + refused + unheard))
-    if late:
+    if late and not plan.tokens_reused:  # (a reused token's repeat could delete its next grant)
         yield Repeat(
             plan.wiring.release, late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
         )
@@ -133,14 +136,15 @@ def release(
         # (simulation seed 7001075 --cancel --fork: a release cancelled during a delay spike,
         # its shielded round cancelled again as the job's loop closed: 4 of 5 servers kept
         # the key until its TTL)
-        args = release_args(plan, token, waiter=waiter, next_token=next_token)
-        yield Repeat(
-            plan.wiring.release,
-            plan.everyone,
-            plan.release_keys,
-            args,
-            until_s=plan.ttl_ms / 1000.0,
-        )
+        if not plan.tokens_reused:
+            args = release_args(plan, token, waiter=waiter, next_token=next_token)
+            yield Repeat(
+                plan.wiring.release,
+                plan.everyone,
+                plan.release_keys,
+                args,
+                until_s=plan.ttl_ms / 1000.0,
+            )
         raise
     if tally.won:
         return ReleaseVerdict(None)
