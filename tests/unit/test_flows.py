@@ -715,3 +715,63 @@ def test_a_given_up_permit_or_fair_attempt_releases_its_late_grant_by_token() ->
         assert repeat is not None and repeat.targets == (1,) and repeat.args[0] == "tok"
         assert repeat.script == release_script
         assert first.late(1, [0, 1200] if len(grant) == 3 else [0, 1200, 3]) is None
+
+
+# -- tokens that are granted again (the compat layer's; LockPlan.tokens_reused) ----------------
+
+
+def reused_plan(n: int) -> LockPlan:
+    return replace(plan_of(n), tokens_reused=True)
+
+
+def _repeats(driver: Script) -> list[Repeat]:
+    return [e for e in driver.log if isinstance(e, Repeat)]
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["own", "reused"])
+def test_a_refused_release_is_repeated_only_for_a_token_that_is_never_granted_again(
+    reused: bool,
+) -> None:
+    # a repeat of a reused token's release deleted the next grant of the same token
+    plan = reused_plan(1) if reused else plan_of(1)
+    driver = Script(table(1, release=[NOT_OURS]))
+    verdict = driver.run(release(plan, "tok", expired=False))
+    assert isinstance(verdict.error, LockLost)
+    assert bool(_repeats(driver)) is not reused
+
+
+def test_a_reused_tokens_failed_attempt_releases_only_a_heard_grant_and_nothing_late() -> None:
+    plan = reused_plan(3)
+    driver = Script(table(3, acquire=[GRANT, HELD, HELD]), order=(1, 2, 0), hung=frozenset({0}))
+    assert driver.run(try_acquire(plan, "tok", "")) is None
+    assert not driver.broadcasts("release")  # server 0's grant was never heard
+    assert not _repeats(driver)
+    assert driver.broadcasts("acquire")[0].late is None  # a late grant is not released
+    # one that was heard is released, and waited for
+    driver = Script(table(3, acquire=[GRANT, HELD, HELD]), order=(0, 1, 2))
+    assert driver.run(try_acquire(plan, "tok", "")) is None
+    (released,) = driver.broadcasts("release")
+    assert released.targets == (0,) and released.stop is None and not _repeats(driver)
+
+
+def test_a_reused_token_is_not_sent_again_after_an_attempt_a_server_did_not_answer() -> None:
+    plan = reused_plan(1)
+    driver = Script(table(1, acquire=[TimeoutError()]))
+    flow = acquire(plan, 5.0, new_token=lambda: "t" * 32, holder_info=str, rand=lambda: 0.5)
+    with pytest.raises(Unavailable):
+        driver.run(flow)
+    assert len(driver.broadcasts("acquire")) == 1
+    # with its own tokens the lock tries again until the wait is over
+    driver = Script(table(1, acquire=[TimeoutError()]))
+    flow = acquire(plan_of(1), 0.2, new_token=lambda: "t" * 32, holder_info=str, rand=lambda: 0.5)
+    with pytest.raises(Unavailable):
+        driver.run(flow)
+    assert len(driver.broadcasts("acquire")) > 1
+
+
+def test_an_interrupted_release_of_a_reused_token_is_not_handed_to_the_background() -> None:
+    flow = release(reused_plan(3), "tok", expired=False)
+    step = next(flow)
+    assert isinstance(step, Broadcast) and step.script == "release"
+    with pytest.raises(_Cancelled):
+        flow.throw(_Cancelled())
