@@ -159,9 +159,12 @@ def _assert_one_check_per_connection(checks: list[int], opened: list[int]) -> No
     assert all(c <= o for c, o in zip(checks, opened, strict=True)), (
         f"INFO calls per server for {IDENTITY_LOCKS} Locks: {checks}, connections: {opened}"
     )
-    # shared, not one per Lock: a straggling reply on a loaded machine hands its connection to
-    # the background and the next round opens another (a CI run saw 3), so a few, not 50
-    assert all(o <= 5 for o in opened), f"{IDENTITY_LOCKS} Locks opened {opened} connections"
+    # shared, not one per Lock: a round ends on its majority, and the last servers' replies,
+    # still on their way, keep their connections busy until the background hears them; a next
+    # round that starts meanwhile opens another. How often depends on the machine's load (CI
+    # runs saw 3, and 10 to the server that answers last), so the bound is a third of the Locks
+    bound = IDENTITY_LOCKS // 3
+    assert all(o <= bound for o in opened), f"{IDENTITY_LOCKS} Locks opened {opened} connections"
 
 
 def test_locks_built_per_key_check_each_servers_identity_once(
