@@ -47,7 +47,7 @@ from .fencing import committed_by_grant, floor_step_us, needs_commit
 from .handover import Handed, claim, offered_token
 from .plan import LockPlan
 from .quorum import Outcome, Tally
-from .release import release_args, release_round
+from .release import release_args, release_round, repeat_release
 from .replies import AcquireReply, classify_acquire, classify_commit, with_wait
 from .rounds import AcquireDecision, Status, decide_acquire, decide_confirm
 from .timing import validity_ms
@@ -423,24 +423,19 @@ def clean_up(plan: LockPlan, token: str, tally: Tally, grace_s: float | None) ->
         # only where the grant was heard, and waited for: a release that lands after this
         # cleanup could delete the next grant of the same token
         targets = tuple(i for i in targets if tally.votes.get(i, (None,))[0] is Outcome.GRANTED)
-        grace_s = None
     if targets:
-        heard = None if grace_s is None else tuple(i for i in targets if i in tally.votes)
+        heard = (
+            None
+            if grace_s is None or plan.tokens_reused
+            else tuple(i for i in targets if i in tally.votes)
+        )
         try:
             yield from release_round(plan, token, targets, await_only=heard)
         except GeneratorExit:
             raise
         except BaseException:
-            if plan.tokens_reused:
-                raise
             # the caller is interrupted: the release goes on where no caller can stop it
-            yield Repeat(
-                plan.wiring.release,
-                targets,
-                plan.release_keys,
-                release_args(plan, token),
-                until_s=plan.ttl_ms / 1000.0,
-            )
+            yield from repeat_release(plan, targets, release_args(plan, token))
             raise
     if interrupted is not None:
         raise interrupted

@@ -43,8 +43,7 @@ def release_round(
     at once under this token to the first waiter that claims it; ``waiter``: the releaser's
     own waiter id (a holder that claimed a hand-over is still registered as a waiter).
 
-    With ``plan.tokens_reused`` nothing is repeated: the token may be granted again meanwhile,
-    and a repeat would delete that grant (see :class:`~.plan.LockPlan`)."""
+    With ``plan.tokens_reused`` nothing is repeated (see :func:`repeat_release`)."""
     everyone = plan.everyone
     tally = Tally(len(everyone))
     if targets is None:
@@ -81,11 +80,22 @@ def release_round(
     if await_only is not None:
         unheard = tuple(i for i in targets if i not in tally.votes)
     late = tuple(sorted(silent(tally) + _not_sent(tally) + refused + unheard))
-    if late and not plan.tokens_reused:  # (a reused token's repeat could delete its next grant)
-        yield Repeat(
-            plan.wiring.release, late, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
-        )
+    if late:
+        yield from repeat_release(plan, late, args)
     return tally
+
+
+def repeat_release(
+    plan: LockPlan, targets: tuple[int, ...], args: tuple[str | int, ...]
+) -> Flow[None]:
+    """Hand the release (``args``: see :func:`release_args`) on ``targets`` to the background,
+    sent again once each answers until the lease's TTL is over (:class:`~.effects.Repeat`).
+    Nothing for a token that is granted again (``plan.tokens_reused``): a repeat landing after
+    its next grant would delete that."""
+    if not plan.tokens_reused:
+        yield Repeat(
+            plan.wiring.release, targets, plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
+        )
 
 
 def release_args(
@@ -136,15 +146,8 @@ def release(
         # (simulation seed 7001075 --cancel --fork: a release cancelled during a delay spike,
         # its shielded round cancelled again as the job's loop closed: 4 of 5 servers kept
         # the key until its TTL)
-        if not plan.tokens_reused:
-            args = release_args(plan, token, waiter=waiter, next_token=next_token)
-            yield Repeat(
-                plan.wiring.release,
-                plan.everyone,
-                plan.release_keys,
-                args,
-                until_s=plan.ttl_ms / 1000.0,
-            )
+        args = release_args(plan, token, waiter=waiter, next_token=next_token)
+        yield from repeat_release(plan, plan.everyone, args)
         raise
     if tally.won:
         return ReleaseVerdict(None)
