@@ -70,6 +70,11 @@ HOLD_MIXES = (
     ("reentrant", "hold"),
 )
 HOLD_SHARE = 0.5
+# --compat: a share of the schedules runs fencelock.compat's redis-py shape instead (tokens
+# the caller chose, the same in each job: tools/sim/workloads.py), on one server as redis-py
+# does (a draw of its own, and only with the flag)
+COMPAT_MIXES = (("compat",), ("compat",), ("compat", "lock"))
+COMPAT_SHARE = 0.3
 
 
 def config_for(seed: int) -> Config:
@@ -108,6 +113,10 @@ def config_for(seed: int) -> Config:
     held = random.Random(seed * 7919 + 5)
     if REENTRANT_HOLD[0] and held.random() < HOLD_SHARE:
         config.primitives = held.choice(HOLD_MIXES)
+    compat = random.Random(seed * 7919 + 6)
+    if COMPAT[0] and compat.random() < COMPAT_SHARE:
+        config.primitives = compat.choice(COMPAT_MIXES)
+        config.servers = 1
     return config
 
 
@@ -152,6 +161,10 @@ STORE = [False]
 #: as it always did and the mutants keep their catching seeds
 REENTRANT_HOLD = [False]
 
+#: --compat: COMPAT_SHARE of the schedules take a COMPAT_MIXES mix on one server; off by
+#: default, so a seed replays as it always did (its mutant runs with it)
+COMPAT = [False]
+
 
 def replay_flags() -> str:
     """The flags a violation's replay needs beyond its seed (the search's own)."""
@@ -160,6 +173,7 @@ def replay_flags() -> str:
     flags += " --fork" if FORK[0] else ""
     flags += " --store" if STORE[0] else ""
     flags += " --reentrant-hold" if REENTRANT_HOLD[0] else ""
+    flags += " --compat" if COMPAT[0] else ""
     return flags + (" --front sync" if FRONT[0] == "sync" else "")
 
 
@@ -314,7 +328,11 @@ def search(
         "seeds": [first, seed - 1],
         "faults": faults,
         "properties": list(PROPERTIES),
-        "primitives": [*PRIMITIVES, *(HOLD_KINDS if REENTRANT_HOLD[0] else ())],
+        "primitives": [
+            *PRIMITIVES,
+            *(HOLD_KINDS if REENTRANT_HOLD[0] else ()),
+            *(("compat",) if COMPAT[0] else ()),
+        ],
         "violations": found,
         "mutants": [],
         **({"store": store} if STORE[0] else {}),
@@ -345,13 +363,14 @@ def clean_with(
 ) -> dict[str, Any]:
     """The unmutated code's search with ``flags`` (``--fork``, ``--cancel``) on, as a mutant
     that takes them runs: ``{"args", "schedules", "seeds", "faults", "violations"}``."""
-    saved = CANCEL[0], FORK[0]
+    saved = CANCEL[0], FORK[0], COMPAT[0]
     CANCEL[0] = CANCEL[0] or "--cancel" in flags
     FORK[0] = FORK[0] or "--fork" in flags
+    COMPAT[0] = COMPAT[0] or "--compat" in flags
     try:
         found = search(seconds, first, most, shrink_runs=shrink_runs, shrink_seconds=shrink_seconds)
     finally:
-        CANCEL[0], FORK[0] = saved
+        CANCEL[0], FORK[0], COMPAT[0] = saved
     keep = ("schedules", "seeds", "faults", "violations")
     return {"args": list(flags), **{name: found[name] for name in keep}}
 
@@ -542,6 +561,15 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
+        "--compat",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=(
+            "in some schedules the tasks take fencelock.compat's redis-py lock under tokens "
+            "they chose, on one server (default: off)"
+        ),
+    )
+    parser.add_argument(
         "--front",
         choices=("asyncio", "sync"),
         default="asyncio",
@@ -563,8 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     STORE[0] = args.store
     FRONT[0] = args.front
     REENTRANT_HOLD[0] = args.reentrant_hold
-    if args.front == "sync" and args.reentrant_hold:
-        parser.error("--reentrant-hold draws asyncio workloads (not with --front sync)")
+    COMPAT[0] = args.compat
+    if args.front == "sync" and (args.reentrant_hold or args.compat):
+        parser.error("--reentrant-hold and --compat draw asyncio workloads (not with --front sync)")
     if args.front == "sync" and (args.fork or args.cancel):
         parser.error("--fork and --cancel are asyncio faults (the sync front has interrupts)")
     import logging
@@ -625,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         # the run above already had them on (CI's: --cancel --fork)
         on = {"--cancel"} if CANCEL[0] else set()
         on |= {"--fork"} if FORK[0] else set()
+        on |= {"--compat"} if COMPAT[0] else set()
         report["clean_with"] = [
             clean_with(flags, args.seconds, first, args.max_schedules, shrink_runs, shrink_seconds)
             for flags in sorted({m.args for m in chosen if m.args})

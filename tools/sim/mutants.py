@@ -192,6 +192,20 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         replace="if value and ARGV[1] ~= '' and string.byte(ARGV[1], 1) ~= 104 then\n",
     ),
+    Mutant(
+        name="compat-reused-token-repeated",
+        description=(
+            "fencelock.compat's plans do not say that their tokens are granted again "
+            "(LockPlan.tokens_reused off): a refused release is repeated in the background "
+            "(at once and 50 ms later) and lands on the next grant of the same caller-chosen "
+            "token, deleting it while its lease is valid (python-redis-lock's "
+            "test_bogus_release in CI; tests/integration/test_compat_reused_tokens.py)"
+        ),
+        file="compat.py",
+        find="tokens_reused=True)",
+        replace="tokens_reused=False)",
+        args=("--compat",),
+    ),
 )
 
 

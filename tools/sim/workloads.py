@@ -12,15 +12,31 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis.asyncio
+from redis.exceptions import LockNotOwnedError
+
 import fencelock.asyncio as fl
 from fencelock import LockLost, NotAcquired, Unavailable
+from fencelock.compat import AsyncRedisPyLock
 
 from .checkers import LIVENESS_QUIET_S
 from .fork import Inherited, plan_forks
 from .loop import SimLoop
-from .world import DRIFT_FACTOR, MIN_EXTEND, Grant, World, _close_loop
+from .world import DRIFT_FACTOR, MIN_EXTEND, PORT, Grant, World, _close_loop
 
 PRIMITIVES = ("lock", "semaphore", "multilock", "rwlock", "election", "fair")
+
+#: A compat lock's key (``compat`` workloads): its name itself, on the first server, where
+#: redis-py keeps it (``fencelock.compat``); apart from the Locks' ``fencelock:{k}`` keys.
+COMPAT_PREFIX = "compat:"
+
+
+def compat_lock(key: str, ttl: float, wait: float, sleep: float = 0.1) -> AsyncRedisPyLock:
+    """``redis.asyncio.Redis(...).lock(key, timeout=ttl, blocking_timeout=wait,
+    lock_class=AsyncRedisPyLock)`` on the world's first server, built per call as a handler
+    does (one server, as redis-py's own lock)."""
+    conn = redis.asyncio.Redis(host="127.0.0.1", port=PORT)
+    return AsyncRedisPyLock(conn, key, timeout=ttl, sleep=sleep, blocking_timeout=wait)
 
 
 def lock_workload(world: World) -> None:
@@ -90,7 +106,15 @@ def lock_workload(world: World) -> None:
             world.store.claim(grant)
         return grant, lost_at
 
-    async def ended(name: str, grant: Grant, lease: fl.Lease, lost_at: list[float]) -> None:
+    async def ended(
+        name: str,
+        grant: Grant,
+        lease: fl.Lease,
+        lost_at: list[float],
+        release: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Release ``lease`` (or call ``release``: a compat lock's own, whose LockLost is
+        redis-py's LockNotOwnedError) and record how it went."""
         if world.store is not None:
             world.store.late_write(grant)
         grant.deadline = min(lease.deadline, *lost_at) if lost_at else lease.deadline
@@ -99,7 +123,7 @@ def lock_workload(world: World) -> None:
         grant.lost_reason = lease.lost_reason
         world.phase[name] = "release"
         try:
-            await lease.release()
+            await (lease.release() if release is None else release())
             grant.release = "ok"
         except asyncio.CancelledError:
             # (a cancel_task fault: the library must release all the same, or repeat it in
@@ -107,9 +131,9 @@ def lock_workload(world: World) -> None:
             grant.release = "cancelled"
             world.note(f"{name} release of {grant.key} cancelled")
             raise
-        except LockLost:
+        except (LockLost, LockNotOwnedError):
             grant.release = "LockLost"
-        except Unavailable:
+        except Unavailable:  # (a compat lock's ServersUnavailable too)
             grant.release = "Unavailable"
         world.note(f"{name} released {grant.key}: {grant.release}")
 
@@ -249,6 +273,49 @@ def lock_workload(world: World) -> None:
         if grant.ended is None:
             await ended(name, grant, outer, lost_at)
 
+    async def compat_rounds(name: str) -> None:
+        """A task that takes a compat lock (redis-py's shape, ``fencelock.compat``) 1-3 times
+        in a row under the token its caller chose: one per client process and task number,
+        the same in every job (``lock.acquire(token=...)``, as a worker that names itself).
+        Each round holds it a while (past the lease in some: its release is refused), then
+        releases it and, at once or a little later, takes it again under the same token: no
+        release of an earlier round may land on a later round's grant (the bug fixed by
+        ``LockPlan.tokens_reused``: a refused release repeated in the background deleted the
+        next grant)."""
+        rng = world.rng
+        process, _, number = name.rpartition("/t")
+        token = f"{process.split('/', 1)[0]}-t{number}"
+        key = COMPAT_PREFIX + rng.choice(keys)
+        sleep = rng.choice((0.05, 0.1, 0.25))
+        for _ in range(rng.randrange(1, 4)):
+            lock = compat_lock(key, cfg.ttl, cfg.wait, sleep)
+            asked = world.clock.now
+            world.phase[name] = "acquire compat"
+            try:
+                took = await lock.acquire(token=token)
+            except Unavailable:
+                world.history.unavailable += 1
+                return
+            finally:
+                world.history.lock_attempts.append((name, key, asked, world.clock.now))
+            if not took:
+                world.history.refusals += 1
+                return
+            lease = lock.lease
+            grant, lost_at = granted(name, key, lease, asked, "compat")
+            world.phase[name] = "hold"
+            try:
+                await hold(lease, name, grant)
+                await ended(name, grant, lease, lost_at, lock.release)
+            except asyncio.CancelledError:
+                if name not in world.cancelled:
+                    raise
+                if grant.ended is None:
+                    await ended(name, grant, lease, lost_at, lock.release)
+                raise
+            if rng.random() < 0.5:
+                await asyncio.sleep(rng.uniform(0.0, 0.1))
+
     async def held_block(name: str, kind: str) -> None:
         """``async with lock.hold() as lease`` (or ``sem.hold()``): the body awaits in
         steps for 1-2.5 ttls, so only hold()'s renewals keep the lease (each one seen is
@@ -337,6 +404,9 @@ def lock_workload(world: World) -> None:
             return
         if kind in ("hold", "semhold"):
             await held_block(name, kind)
+            return
+        if kind == "compat":
+            await compat_rounds(name)
             return
         granted_as = kind if kind == "fair" else "lock"
         world.phase[name] = f"acquire {kind}"
@@ -535,6 +605,16 @@ def lock_workload(world: World) -> None:
                     pass
             except (NotAcquired, Unavailable, LockLost) as exc:
                 world.history.liveness.append(f"e0 (campaign): {type(exc).__name__}: {exc}")
+        if "compat" in cfg.primitives:
+            for key in keys:
+                compat = compat_lock(COMPAT_PREFIX + key, cfg.ttl, wait)
+                try:
+                    if not await compat.acquire():
+                        world.history.liveness.append(f"{COMPAT_PREFIX}{key}: not acquired")
+                        continue
+                    await compat.release()
+                except (Unavailable, LockNotOwnedError) as exc:
+                    world.history.liveness.append(f"{COMPAT_PREFIX}{key}: {type(exc).__name__}")
         probe_done[0] = True
 
     loop = SimLoop(world.clock, world.connect, "probe")

@@ -83,7 +83,16 @@ class Grant:
     asked: float = 0.0  # true time acquire() was called (a MultiLock's refreshed keys'
     # acquired_at is their last refresh: their rounds ran between this and then)
     kind: str = "lock"  # "lock" (a Lock, a permit, a MultiLock's key), "fair", "read",
-    # "write" (an RWLock's leases), "election" (a term)
+    # "write" (an RWLock's leases), "election" (a term), "compat" (fencelock.compat's
+    # redis-py shape: its key is its name, see server_key)
+
+
+def server_key(grant: Grant) -> bytes:
+    """The key on the servers that holds ``grant``'s token: ``fencelock:{<key>}``, or for a
+    compat lock (kind ``"compat"``) its name itself, where redis-py keeps it."""
+    if grant.kind == "compat":
+        return grant.key.encode()
+    return f"fencelock:{{{grant.key}}}".encode()
 
 
 @dataclass
@@ -453,7 +462,7 @@ class World:
         names += ("rw_read_release", "rw_write_release")
         quiet_shas = {BY_NAME[name].sha.encode() for name in names}
         now = self.clock.now
-        key = f"fencelock:{{{grant.key}}}".encode()
+        key = server_key(grant)
         token = grant.token.encode()
         held = 0
         for index, server in enumerate(self.servers):
@@ -865,7 +874,7 @@ class World:
                 since - self.config.ttl, now
             ):
                 continue
-            key = f"fencelock:{{{grant.key}}}".encode()
+            key = server_key(grant)
             token = grant.token.encode()
             held = 0
             if grant.kind == "read":  # a reader: its token's score (expiry, ms) in the zset
