@@ -12,7 +12,6 @@ import time
 import pytest
 
 from fencelock import Lock, StaleFence
-from fencelock._engine.registry import resolve
 from fencelock.cli.chaos.checkers import (
     Op,
     check_canary,
@@ -70,11 +69,7 @@ def jump_scenario(topo: Topology, jump: str) -> list[Op]:
         # until a background probe sees them healed: a probe sent into the black hole waits
         # out its timeout before the next one, so wait for that here (bounded) rather than
         # inside B's acquire
-        healing = [server for url in topo.lock_urls[3:] for server in resolve(url)]
-        deadline = time.monotonic() + 5.0
-        while any(server.health.suspect for server in healing) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not any(server.health.suspect for server in healing), "no probe saw 3, 4 healed"
+        assert topo.wait_trusted([3, 4], within_s=5.0), "no probe saw 3, 4 healed"
         t = now()
         # a second majority: {2, 3, 4} or {0, 3, 4}
         lease_b = b.acquire(wait=1.5)

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 import pytest
 
 from fencelock import Lease, Lock, LockLost, NotAcquired
-from fencelock._engine.registry import resolve
 from fencelock.cli.chaos.nemesis import Topology, faketime_available
 from fencelock.cli.doctor import diagnose
 
@@ -63,11 +62,7 @@ def a_holds_then_server_1_restarts_empty(topo: Topology, a: Lock) -> tuple[Lease
     topo.heal_network()
     # server 2 timed out during A's round, so it is suspect (not asked) until a background
     # probe sees it healed: wait for that (bounded) so that B later finds it answering
-    (server_2,) = resolve(topo.lock_urls[2])
-    deadline = time.monotonic() + 5.0
-    while server_2.health.suspect and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not server_2.health.suspect, "no probe saw server 2 healed"
+    assert topo.wait_trusted([2], within_s=5.0), "no probe saw server 2 healed"
     topo.servers[1].kill()
     topo.servers[1].restart(wipe=True)
     return lease, time.monotonic()
