@@ -69,3 +69,27 @@ def test_an_observer_reports_the_first_read_then_waits_until_the_term_would_run_
     ended = Script({"elect_read": [[held(b"t", 3000), FREE]]})
     change = ended.run(next_change(plan, "obs", ("host-1", 42), 1000.0, poll_s=10.0))
     assert change.leader is None and not change.timed_out
+
+
+@pytest.mark.parametrize(
+    ("replies", "wake_on"),
+    [
+        # nobody holds a majority: the first server that answered
+        ([FREE, FREE, FREE], 0),
+        ([held(b"u", 9000, b""), FREE, FREE], 0),
+        # a term on a majority, not named yet on 1 and 2 (server 0 held by another token):
+        # its announcement is on its way to 1 and 2, and wakes the observer there
+        ([held(b"u", 9000), held(b"t", 9000, b""), held(b"t", 9000, b"")], 1),
+        # named on 0 and 1 already (a leader): the first that answered
+        ([held(b"t", 9000), held(b"t", 9000), held(b"t", 9000, b"")], 0),
+        # named on 1 only: a leader all the same (one of its rows names it)
+        ([held(b"t", 9000, b""), held(b"t", 9000), FREE], 0),
+        # named nowhere (an info that is no JSON names nobody): the first of those servers
+        ([FREE, held(b"t", 9000, b"{not json"), held(b"t", 9000, b"")], 1),
+    ],
+)
+def test_an_observer_that_saw_nobody_blocks_where_a_majoritys_term_is_not_named_yet(
+    replies: list[list[object]], wake_on: int
+) -> None:
+    view = Script({"elect_read": [[r] for r in replies]}).run(read_leader(plan_of(3), "obs"))
+    assert view.answered == wake_on

@@ -6,11 +6,13 @@ lock's fence.
 - ``leader()`` reads the lock and its info on every server: a leader is known when one token
   holds a majority and its info names it; its ``remaining`` is what is left on the majority
   with the most time, counted from before the read (minus the drift allowance).
-- An observer registers itself with each read and blocks on its own wake list on one server;
-  announcements (and the end of a term by a resignation) push to every registered list. The
-  end of a term by expiry (a killed or paused leader) sends nothing: the observer then wakes
-  at the leader's ``remaining``; a poll at most every ``poll_s`` covers a lost wake-up (its
-  wake server down when the change was announced).
+- An observer registers itself with each read and blocks on its own wake list on one server
+  (one where a term held on a majority is not named yet, if the read found one: its
+  announcement is still on its way there); announcements (and the end of a term by a
+  resignation) push to every registered list. The end of a term by expiry (a killed or
+  paused leader) sends nothing: the observer then wakes at the leader's ``remaining``; a poll
+  at most every ``poll_s`` covers a lost wake-up (its wake server down when the change was
+  announced).
 """
 
 from __future__ import annotations
@@ -176,9 +178,26 @@ def read_leader(plan: LockPlan, observer: str = "") -> Flow[LeaderView]:
             votes(tally, plan.names),
         )
     now: float = yield NOW
-    return LeaderView(
-        decide_leader(plan, tally, (now - start) * 1000.0), tally.granted_indexes()[0]
-    )
+    leader = decide_leader(plan, tally, (now - start) * 1000.0)
+    return LeaderView(leader, _wake_server(tally) if leader is None else tally.granted_indexes()[0])
+
+
+def _wake_server(tally: Tally) -> int:
+    """The server an observer that saw nobody lead blocks on: one where a token held on a
+    majority is not named yet, when there is one (its announcement is on its way there and
+    will wake the observer; elsewhere it may have run already, before this read got there),
+    else the first that answered."""
+    for token, held in _holders(tally).items():
+        if len(held) < tally.needed:
+            continue
+        for index, (_, detail) in sorted(tally.votes.items()):
+            if (
+                isinstance(detail, HolderRead)
+                and detail.token == token
+                and (detail.info is None or "leader" not in detail.info)
+            ):
+                return index
+    return tally.granted_indexes()[0]
 
 
 def announce(plan: LockPlan, token: str, info: str) -> Flow[bool]:
