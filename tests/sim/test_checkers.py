@@ -381,3 +381,29 @@ def test_lock_when_free_counts_a_lease_to_its_confirmed_release_or_past_its_dead
     assert not lock_when_free(history)
     held.deadline, held.ended = 1006.5, 1006.0
     assert lock_when_free(history)
+
+
+def test_mutual_exclusion_over_n_servers_excuses_a_wipe_only_where_the_process_never_saw_it() -> None:
+    """Seed 900009971 (``--cancel --fork --store --reentrant-hold``): c1 held k0 on sim1 and
+    sim2; sim2 restarted empty; c0's process reached sim2 for the first time after that (its
+    reentrant task asked late) and took k0 on sim0 and sim2. restart_delay knows only restarts
+    a process saw (docs/deploying.md): documented, so not flagged. A process that had reached
+    sim2 before the wipe must not count its vote: flagged."""
+    history = History(
+        servers=3,
+        grants=[
+            Grant("c1/j0/t0", "k0", "t1", 10, at=0.01, deadline=1.33, ended=1.3, start=0.0),
+            Grant("c0/j0/t0", "k0", "t2", 20, at=0.54, deadline=4.4, ended=1.4, start=0.5),
+        ],
+        wiped_at=[0.37],
+        wiped=[(0.37, 2)],
+        contacts={("c1", 0): 0.0, ("c1", 1): 0.0, ("c1", 2): 0.0, ("c0", 2): 0.5},
+    )
+    assert not mutual_exclusion(history)
+    history.contacts[("c0", 2)] = 0.2  # c0 saw sim2 before it was wiped
+    assert mutual_exclusion(history)
+    history.contacts[("c0", 2)] = 0.5
+    history.wiped = [(0.37, 1)]  # the wiped one is sim1, which c0 never reached: excused
+    assert not mutual_exclusion(history)
+    history.contacts[("c0", 1)] = 0.1
+    assert mutual_exclusion(history)

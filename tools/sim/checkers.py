@@ -133,6 +133,11 @@ def _overlaps(
                 # (documented; restart_delay is for N > 1): the fences must still order
                 # them, which fence_order checks
                 continue
+            if _unseen_restart(history, b.client, since, b_start):
+                # a server restarted empty that b's process first reached after the restart:
+                # restart_delay knows only restarts a process saw (documented,
+                # docs/deploying.md); the fences must still order them
+                continue
             if b_end > b_start and a_end > a_start:
                 found.append(
                     f"{key}: {a.client}{_as(a)} (fence {a.fence}) valid until "
@@ -140,6 +145,18 @@ def _overlaps(
                     f"{b_start - 1000:.4f}"
                 )
     return found
+
+
+def _unseen_restart(history: History, client: str, since: float, until: float) -> bool:
+    """Whether a server restarted empty between ``since`` and ``until`` (true times) that the
+    process of ``client`` ("c0/j1/t0") had not reached before it restarted."""
+    process = client.split("/", 1)[0]
+    for at, index in history.wiped:
+        if since <= at <= until:
+            first = history.contacts.get((process, index))
+            if first is None or first > at:
+                return True
+    return False
 
 
 def _as(grant: Grant) -> str:

@@ -348,6 +348,10 @@ class Forks:
         number = self.children.get(parent, 0)
         self.children[parent] = number + 1
         child = f"{parent}f{number}"
+        contacts = world.history.contacts  # what the parent's engine knew, the child knows
+        for (process, index), at in list(contacts.items()):
+            if process == parent:
+                contacts.setdefault((child, index), at)
         previous = world.process
         world.switch(parent)
         state = [getattr(module, attr) for module, attr in world._state_slots]

@@ -465,6 +465,7 @@ class SimNet:
                 return
             conn = _Conn(len(world.conns), process, sock, index, server.connect())  # type: ignore[arg-type]
             world.conns.append(conn)
+            world.history.contacts.setdefault((process.name, index), world.clock.now)
             sock.conn = conn
             sock.connected = True
 

@@ -124,6 +124,11 @@ class History:
     ghosts: list[str] = field(default_factory=list)  # keys held by nobody past the window
     servers: int = 1
     wiped_at: list[float] = field(default_factory=list)  # true times of wiped crashes
+    wiped: list[tuple[float, int]] = field(default_factory=list)  # (true time, server index)
+    # (process, server index) -> true time the process first connected to the server (a
+    # forked child's are its parent's at the fork): restart_delay knows only the restarts of
+    # servers a process saw before them (docs/deploying.md)
+    contacts: dict[tuple[str, int], float] = field(default_factory=dict)
     restarted_at: list[float] = field(default_factory=list)  # true times of every restart
     unapplied: list[str] = field(default_factory=list)  # confirmed releases still on a server
     # (start, end) true times of every fault that can delay, lose or break messages or
@@ -511,6 +516,7 @@ class World:
         protocol = factory()
         conn = _Conn(len(self.conns), loop, protocol, index, server.connect())
         self.conns.append(conn)
+        self.history.contacts.setdefault((loop.process, index), self.clock.now)
         transport = _Transport(self, conn)
         protocol.connection_made(transport)
         return transport, protocol
@@ -604,6 +610,7 @@ class World:
         self.note(f"crash sim{index} ({'wiped' if wipe else 'kept'}), back in {down_s:.3f} s")
         if wipe:
             self.history.wiped_at.append(self.clock.now)
+            self.history.wiped.append((self.clock.now, index))
         for conn in self.conns:
             if conn.server == index:
                 self._reset(conn)
