@@ -383,7 +383,7 @@ def test_lock_when_free_counts_a_lease_to_its_confirmed_release_or_past_its_dead
     assert lock_when_free(history)
 
 
-def test_mutual_exclusion_over_n_servers_excuses_a_wipe_only_where_the_process_never_saw_it() -> None:
+def test_mutual_exclusion_excuses_a_wipe_only_where_the_process_never_saw_it() -> None:
     """Seed 900009971 (``--cancel --fork --store --reentrant-hold``): c1 held k0 on sim1 and
     sim2; sim2 restarted empty; c0's process reached sim2 for the first time after that (its
     reentrant task asked late) and took k0 on sim0 and sim2. restart_delay knows only restarts
