@@ -113,7 +113,62 @@ def test_an_unknown_outcome_keeps_the_earlier_deadline_whatever_the_order() -> N
     assert isinstance(settled.error, Unavailable) and settled.lost_reason is None
     longer = unknown(start=104.0, ttl_s=30.0)
     kept = settle("k", current, longer, now=104.5)
-    assert kept.validity == current
+    assert (kept.validity.deadline, kept.validity.since) == (current.deadline, current.since)
+    # the two servers that did not answer may still run its PEXPIRE (see the test below)
+    assert kept.validity.pending == (float("inf"), longer.span, longer.span)
+
+
+def test_an_extend_that_may_still_land_bounds_a_later_confirmed_round() -> None:
+    """Seeds 900003152 and 900009192 (``--cancel --fork --store --reentrant-hold``): an extend
+    to 1.173 s timed out on the servers (unknown), a later extend to 2.714 s was confirmed on
+    another connection, and the first one's PEXPIRE landed after it: the key ran out 1.5 s
+    before the deadline the confirmed round gave. On each server that did not answer the
+    short one, a later round counts no more than the short span from its own start; the lease
+    lasts while a majority of the servers that confirmed it hold the key."""
+    short = unknown(start=102.0, ttl_s=1.0)  # answered by server 0 only
+    assert short.unheard == (1, 2)
+    current = settle("k", Validity(110.0, 100.0), short, now=102.5).validity
+    assert current.deadline == pytest.approx(short.round_deadline)
+    later = confirmed(start=102.6, ttl_s=10.0)  # all three confirm it
+    after = settle("k", current, later, now=102.61).validity
+    # servers 1 and 2 may still cut the key to 102.6 + 1 s: one server (0) is no majority
+    assert after.deadline == pytest.approx(102.6 + short.span)
+    assert after.since == 102.6
+    assert after.pending == current.pending
+    # a later round confirmed by servers that answered everything keeps its whole span
+    clean = settle("k", Validity(110.0, 100.0), later, now=102.61).validity
+    assert clean.deadline == pytest.approx(later.round_deadline)
+    # renewals of the lease's own ttl are not shortened by a pending span of the same ttl
+    renewal = unknown(start=103.0, ttl_s=10.0)
+    pending = settle("k", Validity(110.0, 100.0), renewal, now=103.5).validity
+    next_one = confirmed(start=104.0, ttl_s=10.0)
+    assert settle("k", pending, next_one, now=104.01).validity.deadline == pytest.approx(
+        next_one.round_deadline
+    )
+
+
+def test_a_confirmed_round_counts_the_majority_of_its_own_servers_under_the_bounds() -> None:
+    """Five servers: servers 3 and 4 may still run a 1 s PEXPIRE; a 10 s round confirmed by
+    0, 1, 3 and 4 lasts while three of them hold it: 0 and 1 hold 10 s, 3 and 4 only 1 s."""
+    plan = plan_of(5, 1.0)
+    replies: list[object] = [OK, OK, OK, TimeoutError(), TimeoutError()]
+    short = run(extend(plan, "tok", 1000, 105.0), [102.0, 102.5], replies)
+    assert isinstance(short, Extension) and short.outcome is ExtendOutcome.CONFIRMED
+    assert short.unheard == (3, 4)  # silent within the round, though it was confirmed
+    current = settle("k", Validity(110.0, 100.0), short, now=102.5).validity
+    plan10 = plan_of(5, 10.0)
+    mixed: list[object] = [OK, OK, TimeoutError(), OK, OK]
+    later = run(extend(plan10, "tok", 10_000, 105.0), [102.6, 102.61], mixed)
+    assert isinstance(later, Extension) and later.confirmed_by == (0, 1, 3, 4)
+    after = settle("k", current, later, now=102.62).validity
+    assert after.deadline == pytest.approx(102.6 + short.span)
+    # confirmed by 0, 1 and 2 (none of them pending): its whole span
+    others: list[object] = [OK, OK, OK, TimeoutError(), TimeoutError()]
+    full = run(extend(plan10, "tok", 10_000, 105.0), [102.6, 102.61], others)
+    assert isinstance(full, Extension)
+    assert settle("k", current, full, now=102.62).validity.deadline == pytest.approx(
+        full.round_deadline
+    )
 
 
 def test_an_unknown_outcome_is_judged_against_the_deadline_as_it_is_now() -> None:
@@ -220,19 +275,28 @@ def test_a_renewal_applied_first_still_bounds_a_users_extend_it_overlapped() -> 
     assert not lease.lost.is_set()
 
 
-def test_a_round_applied_before_another_was_sent_does_not_bound_it() -> None:
+@pytest.mark.parametrize("renewal_answered", [True, False])
+def test_a_round_applied_before_another_was_sent_does_not_bound_it(
+    renewal_answered: bool,
+) -> None:
     """The bound of a round applied while another was in flight lasts only until that other
-    round is applied: an extend sent afterwards moves the deadline as far as it gives."""
+    round is applied: an extend sent afterwards moves the deadline as far as it gives, unless
+    the renewal's server did not answer it (its PEXPIRE of 10 s may still land after the
+    extend's: seeds 900003152 and 900009192), which bounds the extend to 10 s from its start."""
     lease = _lease()
     lease._every_s = 3.0
     plan = lease._definition.plan
     first_flow = lease._extend_flow(20.0)
     renewal_flow = lease._renew_flow()
     t = time.monotonic()
-    renewal = run(renewal_flow, [t + 0.01, t + 0.01, t + 0.02, t + 0.02], [TimeoutError()])
+    reply: object = OK if renewal_answered else TimeoutError()
+    renewal = run(renewal_flow, [t + 0.01, t + 0.01, t + 0.02, t + 0.02], [reply])
     assert lease._renewed(renewal) is not None
     lease._extended(run(first_flow, [t, t + 0.03], [OK]))
     later = lease._extend_flow(30.0)
-    u = time.monotonic()
+    u = t + 0.05  # after the renewal's start (t + 0.01): the newer round
     lease._extended(run(later, [u, u + 0.01], [OK]))
-    assert lease.deadline == pytest.approx(u + 30.0 - plan.drift_ms(30_000) / 1000)
+    span = 30.0 - plan.drift_ms(30_000) / 1000 if renewal_answered else plan.ttl_ms / 1000.0
+    if not renewal_answered:
+        span -= plan.drift_ms(plan.ttl_ms) / 1000
+    assert lease.deadline == pytest.approx(u + span)

@@ -5,10 +5,17 @@ An extend restarts the lease at ``ttl`` on every server that still holds our tok
 - refused ("not ours") by so many servers that no majority can be ours: the lease is lost;
 - anything else is unknown: the new PEXPIRE may have landed on a majority or not, so the
   deadline becomes the EARLIER of the old and the new one (a shorter ttl may have taken effect).
+
+A PEXPIRE whose reply did not come (the server was silent) may still land later, after a
+later round's: there it cuts the key to when it lands plus its ttl, so to no less than the
+later round's start plus its ttl. The validity keeps, per server, the shortest such span
+(``Validity.pending``), and a confirmed round lasts only while a majority of the servers that
+confirmed it hold the key under those bounds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -18,7 +25,7 @@ from .plan import LockPlan
 from .quorum import Tally, summary
 from .replies import classify_extend, with_wait
 from .rounds import lost_for_sure
-from .verdicts import outage, votes
+from .verdicts import outage, silent, votes
 
 #: A failed renewal is retried after this long (s) at the least.
 RETRY_FLOOR_S = 0.01
@@ -44,6 +51,16 @@ class Extension:
     text: str = ""
     #: What an unknown outcome raises while the lease is still valid.
     unavailable: Unavailable | None = None
+    #: The servers that confirmed it, and how many make a majority.
+    confirmed_by: tuple[int, ...] = ()
+    needed: int = 1
+    #: The servers it was sent to whose reply was not heard: its PEXPIRE may land there later.
+    unheard: tuple[int, ...] = ()
+
+    @property
+    def span(self) -> float:
+        """Seconds of validity this round's PEXPIRE gives from its start."""
+        return self.round_deadline - self.start
 
 
 def _decided(tally: Tally) -> bool:
@@ -73,25 +90,39 @@ def extend(plan: LockPlan, token: str, ttl_ms: int, deadline: float) -> Flow[Ext
     now: float = yield NOW
     new_deadline = start + extended_span_s(plan, ttl_ms)
     text = summary(plan.key, tally)
-    if tally.won and now < new_deadline:
+    # servers whose reply did not come within the round (and, for a round that did not
+    # confirm, those it did not wait for): their PEXPIRE may land after a later round's. A
+    # confirmed round that ended on its majority leaves the rest in flight, answered at once
+    # in the common case; they are not counted (docs/design.md, "Extends that land late")
+    unheard = set(silent(tally))
+    if not (tally.won and now < new_deadline):
+        unheard.update(i for i in plan.everyone if i not in tally.votes)
+
+    def made(
+        outcome: ExtendOutcome,
+        deadline: float,
+        error: LockLost | Unavailable | None,
+        lost_reason: str | None,
+        unavailable: Unavailable | None = None,
+    ) -> Extension:
         return Extension(
-            ExtendOutcome.CONFIRMED, new_deadline, None, None, start, new_deadline, text
-        )
+            outcome, deadline, error, lost_reason, start, new_deadline, text, unavailable,
+            tuple(tally.granted_indexes()), tally.needed, tuple(sorted(unheard)),
+        )  # fmt: skip
+
+    if tally.won and now < new_deadline:
+        return made(ExtendOutcome.CONFIRMED, new_deadline, None, None)
     kept = earlier_deadline(deadline, new_deadline)
     if lost_for_sure(tally):
         reason = f"extend refused: {text}"
         error = LockLost(plan.key, f"{text}: the lease is no longer ours")
-        return Extension(ExtendOutcome.REFUSED, kept, error, reason, start, new_deadline, text)
+        return made(ExtendOutcome.REFUSED, kept, error, reason)
     reason = outage(tally, "extend not confirmed")
     unavailable = Unavailable(plan.key, f"{text}: {reason}", votes(tally, plan.names))
     if now >= kept:
-        lost = _ran_out(plan.key, text)
-        return Extension(
-            ExtendOutcome.UNKNOWN, kept, lost[1], lost[0], start, new_deadline, text, unavailable
-        )
-    return Extension(
-        ExtendOutcome.UNKNOWN, kept, unavailable, None, start, new_deadline, text, unavailable
-    )
+        lost_reason, lost = _ran_out(plan.key, text)
+        return made(ExtendOutcome.UNKNOWN, kept, lost, lost_reason, unavailable)
+    return made(ExtendOutcome.UNKNOWN, kept, unavailable, None, unavailable)
 
 
 def earlier_deadline(deadline: float, new_deadline: float) -> float:
@@ -110,10 +141,42 @@ def _ran_out(key: str, text: str) -> tuple[str, LockLost]:
 @dataclass(frozen=True, slots=True)
 class Validity:
     """A lease's local validity: its deadline (monotonic s), and the start of the confirmed
-    round (the grant, or an extend) it comes from."""
+    round (the grant, or an extend) it comes from. ``pending``: per server index, the shortest
+    span (s) of an extend sent there whose reply was not heard (``inf``: none; ``()``: none
+    anywhere): it may land after a later round's and cut the key to that span."""
 
     deadline: float
     since: float
+    pending: tuple[float, ...] = ()
+
+
+def _pending_after(pending: tuple[float, ...], result: Extension) -> tuple[float, ...]:
+    """``pending`` with ``result``'s span on the servers that did not answer it."""
+    if not result.unheard:
+        return pending
+    size = max(len(pending), max(result.unheard) + 1)
+    spans = list(pending) + [math.inf] * (size - len(pending))
+    for index in result.unheard:
+        spans[index] = min(spans[index], result.span)
+    return tuple(spans)
+
+
+def _confirmed_deadline(result: Extension, pending: tuple[float, ...]) -> float:
+    """A confirmed round's deadline under the PEXPIREs of earlier rounds that may still land
+    (``pending``): each confirming server holds the key until the round's start plus the
+    shorter of its span and the server's pending one; the lease lasts while a majority do."""
+    if not pending:
+        return result.round_deadline
+    bounds = sorted(
+        (
+            result.start + min(result.span, pending[i] if i < len(pending) else math.inf)
+            for i in result.confirmed_by
+        ),
+        reverse=True,
+    )
+    if len(bounds) < result.needed:
+        return result.round_deadline
+    return min(result.round_deadline, bounds[result.needed - 1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,15 +205,22 @@ def settle(key: str, current: Validity, result: Extension, now: float) -> Settle
       comes from; an older one's result never overwrites a newer one's.
     - An unknown or refused outcome keeps the earlier of the current deadline and the one this
       round would give (its PEXPIRE may have landed), whatever the order.
+    - A round's PEXPIRE whose reply was not heard on a server may land there later than any
+      later round's (``Validity.pending``): a confirmed round's deadline counts, on each
+      server that confirmed it, the shorter of its span and that server's pending one.
     """
     if now >= current.deadline:
         error = LockLost(key, f"{key!r}: the lease ran out before its extend was confirmed")
         return Settled(current, DEADLINE_REASON, error, False)
+    pending = _pending_after(current.pending, result)
     if result.outcome is ExtendOutcome.CONFIRMED:
         if result.start >= current.since:
-            return Settled(Validity(result.round_deadline, result.start), None, None, True)
-        return Settled(current, None, None, True)
-    kept = Validity(earlier_deadline(current.deadline, result.round_deadline), current.since)
+            deadline = _confirmed_deadline(result, current.pending)
+            return Settled(Validity(deadline, result.start, pending), None, None, True)
+        return Settled(Validity(current.deadline, current.since, pending), None, None, True)
+    kept = Validity(
+        earlier_deadline(current.deadline, result.round_deadline), current.since, pending
+    )
     if result.outcome is ExtendOutcome.REFUSED:
         return Settled(kept, result.lost_reason, result.error, False)
     if now >= kept.deadline:

@@ -127,6 +127,8 @@ class LeaseState:
         self.acquired_at = grant.start  # time.monotonic() when the winning round started
         self._deadline = grant.deadline
         self._since = grant.start  # start of the confirmed round the deadline comes from
+        # per server, the shortest span of an extend whose reply it did not give (Validity)
+        self._pending: tuple[float, ...] = ()
         # rounds sent whose reply is not applied yet: (taken at, deadline it may give); their
         # PEXPIRE may land after another round's, so the lease is valid no longer than any
         self._open: list[tuple[float, float]] = []
@@ -205,7 +207,7 @@ class LeaseState:
         )
 
     def _validity(self) -> Validity:
-        return Validity(self._deadline, self._since)
+        return Validity(self._deadline, self._since, self._pending)
 
     def _bounded(self, ttl_ms: int, flow: Flow[T]) -> Flow[T]:
         """``flow`` restarts the lease at ``ttl_ms``: from before it is sent until its reply is
@@ -277,6 +279,7 @@ class LeaseState:
                 settled = settle(self.key, self._validity(), result, time.monotonic())
                 self._deadline = settled.validity.deadline
                 self._since = settled.validity.since
+                self._pending = settled.validity.pending
                 self._close_round(result.start, result.round_deadline - result.start)
         if settled is None:
             self._check_usable()  # raises LockLost
@@ -355,6 +358,7 @@ class LeaseState:
             )
             self._deadline = renewed.validity.deadline
             self._since = renewed.validity.since
+            self._pending = renewed.validity.pending
             ext = step.extension
             if ext is None:  # nothing was sent (max_hold): the renewal's entry goes
                 self._close_round(
