@@ -775,3 +775,18 @@ def test_an_interrupted_release_of_a_reused_token_is_not_handed_to_the_backgroun
     assert isinstance(step, Broadcast) and step.script == "release"
     with pytest.raises(_Cancelled):
         flow.throw(_Cancelled())
+
+
+def test_an_expired_release_of_a_reused_token_a_server_did_not_answer_is_unavailable() -> None:
+    """Sim seed 900015543 (``--compat``): an expired compat lease's release timed out and was
+    reported LockLost; it reached the server after the same token's next grant and deleted
+    it. For a token that is granted again, a release that was not answered is Unavailable
+    (ServersUnavailable: may still land), whatever the lease's deadline; answered "not ours"
+    it is LockLost, and with the lock's own tokens an expired release is LockLost as before."""
+    silent = Script(table(1, release=[TimeoutError()]))
+    verdict = silent.run(release(reused_plan(1), "tok", expired=True))
+    assert isinstance(verdict.error, Unavailable) and not isinstance(verdict.error, LockLost)
+    refused = Script(table(1, release=[0]))
+    assert isinstance(refused.run(release(reused_plan(1), "tok", expired=True)).error, LockLost)
+    own = Script(table(1, release=[TimeoutError()]))
+    assert isinstance(own.run(release(plan_of(1), "tok", expired=True)).error, LockLost)

@@ -58,10 +58,13 @@ def lock_workload(world: World) -> None:
 
         return body
 
-    async def hold(lease: fl.Lease, name: str, grant: Grant) -> None:
+    async def hold(
+        lease: fl.Lease, name: str, grant: Grant, unknown: list[str] | None = None
+    ) -> None:
         """Hold for a while: mostly shorter than the lease; sometimes past it (a slow job,
         no renewal: the lease runs out under the holder); sometimes with extends to a new ttl
-        (longer or shorter than what is left) in between."""
+        (longer or shorter than what is left) in between. An extend of unknown outcome
+        (Unavailable) is added to ``unknown``."""
         rng = world.rng
         overrun = rng.random() < cfg.overrun
         span = rng.uniform(0.8, 1.3) * cfg.ttl if overrun else rng.uniform(0.0, cfg.hold_max)
@@ -78,6 +81,8 @@ def lock_workload(world: World) -> None:
                 world.note(f"{name} extended to {ttl:.3f} s: until {lease.deadline - 1000:.4f}")
             except (Unavailable, LockLost) as exc:
                 world.note(f"{name} extend to {ttl:.3f} s: {type(exc).__name__}")
+                if unknown is not None and isinstance(exc, Unavailable):
+                    unknown.append("extend")
                 if lease.lost.is_set():
                     return
             finally:
@@ -281,7 +286,9 @@ def lock_workload(world: World) -> None:
         releases it and, at once or a little later, takes it again under the same token: no
         release of an earlier round may land on a later round's grant (the bug fixed by
         ``LockPlan.tokens_reused``: a refused release repeated in the background deleted the
-        next grant)."""
+        next grant). A round with a request of unknown outcome (an extend or the release:
+        ServersUnavailable) is the task's last under that token, as docs/migrating.md asks: that
+        request may still reach the server after the next grant of the token, and act on it."""
         rng = world.rng
         process, _, number = name.rpartition("/t")
         token = f"{process.split('/', 1)[0]}-t{number}"
@@ -304,8 +311,9 @@ def lock_workload(world: World) -> None:
             lease = lock.lease
             grant, lost_at = granted(name, key, lease, asked, "compat")
             world.phase[name] = "hold"
+            unknown: list[str] = []
             try:
-                await hold(lease, name, grant)
+                await hold(lease, name, grant, unknown)
                 await ended(name, grant, lease, lost_at, lock.release)
             except asyncio.CancelledError:
                 if name not in world.cancelled:
@@ -313,6 +321,9 @@ def lock_workload(world: World) -> None:
                 if grant.ended is None:
                     await ended(name, grant, lease, lost_at, lock.release)
                 raise
+            if unknown or grant.release == "Unavailable":
+                world.note(f"{name} takes {key} no more under {token} (a request unanswered)")
+                return
             if rng.random() < 0.5:
                 await asyncio.sleep(rng.uniform(0.0, 0.1))
 

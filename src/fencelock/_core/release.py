@@ -152,7 +152,10 @@ def release(
     if tally.won:
         return ReleaseVerdict(None)
     text = summary(plan.key, tally)
-    if lost_for_sure(tally) or expired:
+    # an expired lease's release is LockLost whatever the servers said, but for a token that
+    # is granted again (``plan.tokens_reused``) one that a server did not answer may still
+    # land there after the token's next grant: its caller must hear that (Unavailable)
+    if lost_for_sure(tally) or (expired and not plan.tokens_reused):
         return ReleaseVerdict(
             LockLost(plan.key, f"{text}: the lease had already expired or been taken")
         )
