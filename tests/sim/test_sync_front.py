@@ -56,24 +56,26 @@ def test_a_sync_schedule_replays_byte_for_byte_and_clean() -> None:
     assert grants >= 20
 
 
-def test_an_interrupted_acquire_leaves_nothing_held_seed_110(tmp_path: Path) -> None:
-    """Seed 110: a KeyboardInterrupt reaches c1/j3/t0 in its acquire while the round is out
+def test_an_interrupted_acquire_leaves_nothing_held_seed_10(tmp_path: Path) -> None:
+    """Seed 10: a KeyboardInterrupt reaches c0/j0/t0 in its acquire while the round is out
     (driver.py's poll); the library releases what the round may have set before the
     interrupt goes on, and no key is left held by nobody (no_ghost_key). With that cleanup
-    left out, the same schedule leaves the key for its TTL: the checker sees it. (Seed 22
-    showed this until N-server grants skipped their fence commit when a majority agreed,
-    which moved its interrupts to acquires that had set nothing yet.)"""
-    run = _replay("110")
+    left out, the same schedule leaves the key for its TTL: the checker sees it. (Seed 110
+    showed this until the background thread kept watching a server whose late batch failed:
+    its late release of the straggler's grant had been lost, and cleaned up for the mutant.
+    Seed 22 before that, until N-server grants skipped their fence commit when a majority
+    agreed.)"""
+    run = _replay("10")
     out = run.stdout
     assert run.returncode == 0, out[-3000:]
-    assert "interrupt c1/j3/t0 (acquire lock) at driver.py" in out
-    assert "c1/j3/t0 ended by its interrupt" in out
+    assert "interrupt c0/j0/t0 (acquire lock) at driver.py" in out
+    assert "c0/j0/t0 ended by its interrupt" in out
     assert "VIOLATION" not in out
     src = _copy_source(tmp_path)
     apply(SKIP_INTERRUPT_CLEANUP, src)
-    report = run_source(src, 120.0, 110, most=1, args=SYNC)
+    report = run_source(src, 120.0, 10, most=1, args=SYNC)
     assert [v["property"] for v in report["violations"]] == ["no_ghost_key"], report
-    assert "interrupt c1/j3/t0 (acquire lock) at driver.py" in "\n".join(
+    assert "interrupt c0/j0/t0 (acquire lock) at driver.py" in "\n".join(
         report["violations"][0]["trace"]
     )
 
@@ -140,3 +142,16 @@ def test_a_renewal_of_unknown_outcome_bounds_an_extend_it_overlapped_seed_950115
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
     assert "c2/j0/t1 extended to 1.638 s: until 3.5154" in run.stdout
+
+
+def test_a_server_whose_late_batch_timed_out_is_probed_again_seed_920000825() -> None:
+    """Seed 920000825: in c0's process a late batch to sim1 timed out in a delay spike, which
+    made sim1 suspect; a straggler job for sim1 that ended while the batch was in flight had
+    cleared the server's busy mark, and the next look at it stopped watching it, so nothing
+    probed it: it stayed suspect, skipped by c0's rounds, and c0's grant at 3.54 s never ran
+    there (grant_lands_everywhere). Now a failed job's server is watched again, and only a
+    probe or a late batch makes a server busy."""
+    run = _replay("920000825")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "VIOLATION" not in run.stdout
+    assert "c0/j2/t0 granted k0 fence" in run.stdout
