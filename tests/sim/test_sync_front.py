@@ -62,7 +62,7 @@ def test_an_interrupted_acquire_leaves_nothing_held_seed_10(tmp_path: Path) -> N
     interrupt goes on, and no key is left held by nobody (no_ghost_key). With that cleanup
     left out, the same schedule leaves the key for its TTL: the checker sees it. (Seed 110
     showed this until the background thread kept watching a server whose late batch failed:
-    its late release of the straggler's grant had been lost, and cleaned up for the mutant.
+    that moved seed 110's schedule, and its interrupt now comes before the round is out.
     Seed 22 before that, until N-server grants skipped their fence commit when a majority
     agreed.)"""
     run = _replay("10")
