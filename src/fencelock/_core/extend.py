@@ -164,7 +164,8 @@ def _pending_after(pending: tuple[float, ...], result: Extension) -> tuple[float
 def _confirmed_deadline(result: Extension, pending: tuple[float, ...]) -> float:
     """A confirmed round's deadline under the PEXPIREs of earlier rounds that may still land
     (``pending``): each confirming server holds the key until the round's start plus the
-    shorter of its span and the server's pending one; the lease lasts while a majority do."""
+    shorter of its span and the server's pending one; the lease lasts while a majority do
+    (a confirmed round has at least ``needed`` servers that confirmed it)."""
     if not pending:
         return result.round_deadline
     bounds = sorted(
@@ -174,8 +175,6 @@ def _confirmed_deadline(result: Extension, pending: tuple[float, ...]) -> float:
         ),
         reverse=True,
     )
-    if len(bounds) < result.needed:
-        return result.round_deadline
     return min(result.round_deadline, bounds[result.needed - 1])
 
 
