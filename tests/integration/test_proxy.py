@@ -60,3 +60,38 @@ def test_stopping_a_proxy_with_a_request_in_flight_leaves_no_pending_task(
         sys.unraisablehook = previous
     assert pending == []
     assert seen == [], [(u.exc_value, u.object) for u in seen]
+
+
+def _authed(proxy: Proxy, password: str) -> socket.socket:
+    client = socket.create_connection((proxy.host, proxy.port), timeout=BOUND)
+    client.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password), password.encode()))
+    assert client.recv(64) == b"+OK\r\n"
+    return client
+
+
+def test_hold_connections_keeps_only_the_connections_open_then(fencelock_server: Server) -> None:
+    """A request on a held connection lands after one written later on a new connection."""
+    password = fencelock_server.password
+    assert password is not None
+    with Proxy(fencelock_server.host, fencelock_server.port, password=password) as proxy:
+        old = _authed(proxy, password)
+        try:
+            assert proxy.hold_connections() == 1
+            old.sendall(b"*3\r\n$3\r\nSET\r\n$10\r\nproxy:held\r\n$3\r\nold\r\n")
+            new = _authed(proxy, password)  # opened after the hold: it passes
+            try:
+                new.sendall(b"*3\r\n$3\r\nSET\r\n$10\r\nproxy:held\r\n$3\r\nnew\r\n")
+                assert new.recv(64) == b"+OK\r\n"
+                old.settimeout(0.2)
+                with pytest.raises(TimeoutError):
+                    old.recv(64)  # still held
+                proxy.deliver()
+                old.settimeout(BOUND)
+                assert old.recv(64) == b"+OK\r\n"
+                with fencelock_server.client() as direct:
+                    assert direct.get("proxy:held") == b"old"  # the held write landed last
+                    direct.delete("proxy:held")
+            finally:
+                new.close()
+        finally:
+            old.close()

@@ -13,6 +13,11 @@ own, and the controller thread changes its mode at any time:
 - ``drop-replies``: forward requests, discard every reply (the request is applied, the client
   never hears of it).
 
+Apart from the mode, :meth:`Proxy.hold_connections` keeps the bytes of the connections open
+now (only those) until :meth:`Proxy.deliver`: a request written on one of them then reaches
+the server after requests written later on new connections, as a request stuck in one TCP
+connection does.
+
 Durations are seconds unless the name says ``_ms``. Control calls wait at most
 ``CONTROL_TIMEOUT`` seconds for the loop thread and raise :class:`ProxyError` past that.
 """
@@ -79,12 +84,18 @@ class _Pipe:
     """One direction of one connection: read chunks, decide, queue, write in order."""
 
     def __init__(
-        self, proxy: Proxy, up: bool, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        proxy: Proxy,
+        up: bool,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        gate: asyncio.Event,
     ) -> None:
         self.proxy = proxy
         self.up = up  # client -> server
         self.reader = reader
         self.writer = writer
+        self.gate = gate  # the connection's own hold (hold_connections): clear while held
         self.queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
 
     async def read_loop(self) -> None:
@@ -117,10 +128,12 @@ class _Pipe:
                     break
                 due, data = item
                 await self.proxy._flowing.wait()  # hold mode keeps bytes here
+                await self.gate.wait()  # and hold_connections, this connection's
                 wait = due - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
                 await self.proxy._flowing.wait()
+                await self.gate.wait()
                 self.writer.write(data)
                 await self.writer.drain()
                 self.proxy._count(self.up, forwarded=len(data))
@@ -171,6 +184,7 @@ class Proxy:
         self._flowing: asyncio.Event = None  # type: ignore[assignment]  # set in the loop
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._gates: set[asyncio.Event] = set()  # one per open connection
         self._stats_lock = threading.Lock()
 
     # ---- properties -----------------------------------------------------------------------
@@ -302,8 +316,25 @@ class Proxy:
         """Mode ``drop-replies``: forward requests, discard replies."""
         self.set_mode(Mode("drop-replies"))
 
+    def hold_connections(self) -> int:
+        """Keep every byte of the connections open now (both directions) until
+        :meth:`deliver` or :meth:`heal`; connections opened later pass as the mode says. A
+        request written on a held connection reaches the server after those written later on
+        new ones. Returns how many connections are held. Raises :class:`ProxyError` if not
+        running."""
+        return self._call(self._hold_connections())
+
+    async def _hold_connections(self) -> int:
+        for gate in self._gates:
+            gate.clear()
+        with self._stats_lock:
+            self.stats.modes.append(f"hold-connections({len(self._gates)})")
+            del self.stats.modes[:-20]
+        return len(self._gates)
+
     def deliver(self) -> None:
-        """Release held bytes (late) and go back to ``pass``."""
+        """Release held bytes (late; those of :meth:`hold_connections` too) and go back to
+        ``pass``."""
         self.set_mode(Mode("pass"))
 
     def heal(self, *, reset: bool = False) -> None:
@@ -324,6 +355,8 @@ class Proxy:
             self._flowing.clear()
         else:
             self._flowing.set()
+            for gate in self._gates:  # what hold_connections kept goes too
+                gate.set()
         if reset:
             self._drop_all()
 
@@ -373,6 +406,7 @@ class Proxy:
         self._writers.add(c_writer)
         s_writer: asyncio.StreamWriter | None = None
         tasks: list[asyncio.Task[None]] = []
+        gate: asyncio.Event | None = None
         try:
             try:
                 s_reader, upstream = await asyncio.wait_for(
@@ -383,8 +417,11 @@ class Proxy:
                 return  # upstream down: the client sees its connection closed
             s_writer = upstream
             self._writers.add(upstream)
-            up = _Pipe(self, True, c_reader, upstream)
-            down = _Pipe(self, False, s_reader, c_writer)
+            gate = asyncio.Event()  # (a connection is held only once both pipes are up)
+            gate.set()
+            self._gates.add(gate)
+            up = _Pipe(self, True, c_reader, upstream, gate)
+            down = _Pipe(self, False, s_reader, c_writer, gate)
             parts = [up.read_loop(), up.write_loop(), down.read_loop(), down.write_loop()]
             tasks = [asyncio.ensure_future(p) for p in parts]
             for pipe_task in tasks:  # stop() waits for them too: none is left to the GC
@@ -412,6 +449,8 @@ class Proxy:
                     self._writers.discard(maybe)
                     with contextlib.suppress(Exception):
                         maybe.close()
+            if gate is not None:
+                self._gates.discard(gate)
             if task is not None:
                 self._tasks.discard(task)
 
