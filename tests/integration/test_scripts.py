@@ -53,7 +53,7 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
-    "acquire": "d17942089e616c1aa60720979c1e3d01d5b1818a",
+    "acquire": "a44f6166e18fd41ae874ac64cad657444f19364c",
     "release": "11ff2034c27aff1fbbad4767f9874b838ae02ccf",
     "extend": "ed24fe524f7d7a1d2db587826783e369768a58c4",
     "fence_commit": "93dd03dca5e019c3fb53981119758e3002d88063",

@@ -227,7 +227,8 @@ class Generator:
         return self.rng.choice(("w1aaaaaaaaaaaaaa-t1", "w2bbbbbbbbbbbbbb-t2", "h-next-t3"))
 
     def waiter(self) -> str:
-        return self.rng.choice(("-", "w1aaaaaaaaaaaaaa", "w2bbbbbbbbbbbbbb"))
+        # "+w1...": a first attempt's id, registered nowhere yet (acquire.lua)
+        return self.rng.choice(("-", "w1aaaaaaaaaaaaaa", "+w1aaaaaaaaaaaaaa", "w2bbbbbbbbbbbbbb"))
 
     def script_call(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
         rng = self.rng

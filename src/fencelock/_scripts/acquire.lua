@@ -7,7 +7,9 @@
 -- KEYS[6] wake list           KEYS[7] claimed list (a claimed hand-off grant's element)
 -- ARGV[1] token               ARGV[2] lease in ms                 ARGV[3] holder info ('' = none): kept in the lock key's value
 -- ARGV[4] '1' when the caller was woken by a release signal, else '0'
--- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait)
+-- ARGV[5] waiter id, stable over one acquire() call ('-': a caller that will not wait);
+--         '+' before it on the call's first attempt: registered nowhere yet, so a grant has
+--         no registration to remove (a refusal registers the id without the '+')
 -- ARGV[6] how long the caller will still wait, in ms (0: it will not wait)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
 -- ARGV[8] the fence's TIME floor step in us (see fence_math.lua's fence_step_up; '0' or
@@ -33,7 +35,9 @@ if ARGV[3] ~= '' then value = value .. '\255' .. ARGV[3] end
 -- a waiter taking the lock with others still waiting marks its value, so that its release
 -- wakes them (see lock_value.lua); a newcomer's grant reads nothing more
 local function granted(fence)
-  if ARGV[5] ~= '-' and redis.call('ZREM', KEYS[4], ARGV[5]) == 1 and ARGV[3] ~= ''
+  if ARGV[5] ~= '-' and string.byte(ARGV[5]) ~= 43
+      and redis.call('ZREM', KEYS[4], ARGV[5]) == 1
+      and ARGV[3] ~= ''
       and redis.call('ZCARD', KEYS[4]) > 0 then
     redis.call('SET', KEYS[1], ARGV[1] .. '\254' .. ARGV[3], 'KEEPTTL')
   end
@@ -81,7 +85,9 @@ local function refuse(pttl)
   local patience = tonumber(ARGV[6])
   if patience <= 0 then return {0, pttl} end
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  waiter_enlist(KEYS[4], ARGV[5], now_ms, waiter_hint(pttl, ARGV[2], patience))
+  local waiter = ARGV[5]
+  if string.byte(waiter) == 43 then waiter = string.sub(waiter, 2) end  -- '+': first attempt
+  waiter_enlist(KEYS[4], waiter, now_ms, waiter_hint(pttl, ARGV[2], patience))
   return {0, pttl}
 end
 local holder = redis.call('GET', KEYS[1])
