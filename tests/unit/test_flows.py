@@ -790,3 +790,29 @@ def test_an_expired_release_of_a_reused_token_a_server_did_not_answer_is_unavail
     assert isinstance(refused.run(release(reused_plan(1), "tok", expired=True)).error, LockLost)
     own = Script(table(1, release=[TimeoutError()]))
     assert isinstance(own.run(release(plan_of(1), "tok", expired=True)).error, LockLost)
+
+
+def test_a_reused_tokens_extend_and_release_carry_the_grants_fence_on_one_server() -> None:
+    """The scripts refuse an extend or release whose grant's fence is no longer the fence
+    register's (the same token granted again since): compat plans, one server, send it; the
+    lock's own tokens and N servers (whose registers differ until a commit) do not."""
+    fence = 2**60 + 7  # exact past 2^53, as a decimal string
+    assert reused_plan(1).grant_tag(fence) == str(fence)
+    assert plan_of(1).grant_tag(fence) == ""
+    assert reused_plan(3).grant_tag(fence) == ""
+    plan = reused_plan(1)
+    flow = extend(plan, "tok", 5000, 100.0, plan.grant_tag(fence))
+    assert next(flow) is NOW
+    sent = flow.send(0.0)
+    assert isinstance(sent, Broadcast)
+    assert sent.keys == (plan.keys.lock, plan.keys.fence) and sent.args == ("tok", 5000, str(fence))
+    released = next(release(plan, "tok", expired=False, grant=plan.grant_tag(fence)))
+    assert isinstance(released, Broadcast) and released.args[-1] == str(fence)
+    own = plan_of(1)
+    flow = extend(own, "tok", 5000, 100.0)
+    next(flow)
+    sent = flow.send(0.0)
+    assert isinstance(sent, Broadcast) and sent.keys == own.extend_keys
+    assert sent.args == ("tok", 5000)
+    released = next(release(own, "tok", expired=False))
+    assert isinstance(released, Broadcast) and len(released.args) == 7

@@ -287,8 +287,9 @@ def lock_workload(world: World) -> None:
         release of an earlier round may land on a later round's grant (the bug fixed by
         ``LockPlan.tokens_reused``: a refused release repeated in the background deleted the
         next grant). A round with a request of unknown outcome (an extend or the release:
-        ServersUnavailable) is the task's last under that token, as docs/migrating.md asks: that
-        request may still reach the server after the next grant of the token, and act on it."""
+        ServersUnavailable) is followed by the next all the same: that request may still reach
+        the server after the next grant of the token, and must be refused there (it carries
+        its grant's fence, ``LockPlan.grant_tag``)."""
         rng = world.rng
         process, _, number = name.rpartition("/t")
         token = f"{process.split('/', 1)[0]}-t{number}"
@@ -322,8 +323,7 @@ def lock_workload(world: World) -> None:
                     await ended(name, grant, lease, lost_at, lock.release)
                 raise
             if unknown or grant.release == "Unavailable":
-                world.note(f"{name} takes {key} no more under {token} (a request unanswered)")
-                return
+                world.note(f"{name} takes {key} again under {token} (a request unanswered)")
             if rng.random() < 0.5:
                 await asyncio.sleep(rng.uniform(0.0, 0.1))
 

@@ -72,15 +72,18 @@ def extended_span_s(plan: LockPlan, ttl_ms: int) -> float:
     return (ttl_ms - plan.drift_ms(ttl_ms)) / 1000.0
 
 
-def extend(plan: LockPlan, token: str, ttl_ms: int, deadline: float) -> Flow[Extension]:
-    """Extend a lease whose local deadline is ``deadline`` to ``ttl_ms`` from now."""
+def extend(
+    plan: LockPlan, token: str, ttl_ms: int, deadline: float, grant: str = ""
+) -> Flow[Extension]:
+    """Extend a lease whose local deadline is ``deadline`` to ``ttl_ms`` from now; ``grant``
+    (see :meth:`LockPlan.grant_tag`): the lease's grant, for a token that is granted again."""
     start: float = yield NOW
     tally = Tally(plan.n)
     yield Broadcast(
         plan.wiring.extend,
         plan.everyone,
-        plan.extend_keys,
-        (token, ttl_ms),
+        (*plan.extend_keys, plan.keys.fence) if grant else plan.extend_keys,
+        (token, ttl_ms, grant) if grant else (token, ttl_ms),
         with_wait(plan, classify_extend, held=True),
         _decided,
         plan.budget_s,
@@ -272,13 +275,14 @@ def renew(
     *,
     every_s: float,
     stop_at: float | None,
+    grant: str = "",
 ) -> Flow[RenewStep]:
     """One renewal step of a lease; ``stop_at`` (monotonic s): renew no more from then on
     (``max_hold``), the lease then runs out at its deadline."""
     now: float = yield NOW
     if stop_at is not None and now >= stop_at:
         return RenewStep(deadline, None, None, "max_hold reached; renewal stopped")
-    result = yield from extend(plan, token, plan.ttl_ms, deadline)
+    result = yield from extend(plan, token, plan.ttl_ms, deadline, grant)
     now = yield NOW
     if result.lost_reason is not None:
         return RenewStep(

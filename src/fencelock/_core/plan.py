@@ -107,6 +107,13 @@ class LockPlan:
     def drift_ms(self, ttl_ms: float) -> float:
         return drift_ms(ttl_ms, self.drift_factor, self.drift_min_ms)
 
+    def grant_tag(self, fence: int) -> str:
+        """What a lease's extends and releases carry to name its grant (``""``: nothing): for
+        a token that is granted again (``tokens_reused``, the compat layer's, one server), the
+        grant's fence, which the scripts compare with the fence register, so that a request of
+        an earlier grant that lands after the same token's next grant is refused there."""
+        return str(fence) if self.tokens_reused and len(self.names) == 1 else ""
+
     @property
     def acquire_keys(self) -> tuple[str, ...]:
         return self.wiring.acquire_keys

@@ -29,6 +29,7 @@ def release_round(
     waiter: str = "-",
     next_token: str = "",
     await_only: tuple[int, ...] | None = None,
+    grant: str = "",
 ) -> Flow[Tally]:
     """Release ``token`` on ``targets`` (default: every server); returns the round's tally.
     With ``replicas=k`` a server's release counts once ``WAIT`` saw it on k replicas (else
@@ -41,7 +42,9 @@ def release_round(
 
     ``next_token`` (see :mod:`.handover`): where a waiter is registered, the lock is granted
     at once under this token to the first waiter that claims it; ``waiter``: the releaser's
-    own waiter id (a holder that claimed a hand-over is still registered as a waiter).
+    own waiter id (a holder that claimed a hand-over is still registered as a waiter);
+    ``grant`` (see :meth:`LockPlan.grant_tag`): the lease's grant, for a token that is
+    granted again.
 
     With ``plan.tokens_reused`` nothing is repeated (see :func:`repeat_release`)."""
     everyone = plan.everyone
@@ -52,7 +55,7 @@ def release_round(
         for index in everyone:
             if index not in targets:
                 tally.record(index, Outcome.HELD)
-    args = release_args(plan, token, waiter=waiter, next_token=next_token)
+    args = release_args(plan, token, waiter=waiter, next_token=next_token, grant=grant)
     stop = None
     if await_only is not None:
         awaited = await_only
@@ -99,11 +102,12 @@ def repeat_release(
 
 
 def release_args(
-    plan: LockPlan, token: str, *, waiter: str = "-", next_token: str = ""
+    plan: LockPlan, token: str, *, waiter: str = "-", next_token: str = "", grant: str = ""
 ) -> tuple[str | int, ...]:
     """The release script's arguments (see :func:`release_round`)."""
-    return (token, plan.handoff_ms, plan.wake_ms, next_token, plan.ttl_ms, waiter,
+    args = (token, plan.handoff_ms, plan.wake_ms, next_token, plan.ttl_ms, waiter,
             plan.fence_retention_ms)  # fmt: skip
+    return (*args, grant) if grant else args
 
 
 def _not_sent(tally: Tally) -> tuple[int, ...]:
@@ -128,10 +132,12 @@ def release(
     expired: bool,
     waiter: str = "-",
     new_token: Callable[[], str] | None = None,
+    grant: str = "",
 ) -> Flow[ReleaseVerdict]:
     """Release a lease; ``expired``: its local deadline had passed or it was known lost;
     ``new_token``: where the plan hands over, the source of the next holder's token;
-    ``waiter``: the lease's waiter id (set when it was claimed from a hand-over).
+    ``waiter``: the lease's waiter id (set when it was claimed from a hand-over);
+    ``grant``: see :func:`release_round`.
 
     An exception thrown in while the round runs (its caller cancelled and then its task too,
     as when ``asyncio.run()`` ends with the release still going; a KeyboardInterrupt) hands
@@ -139,14 +145,16 @@ def release(
     that: else the key would stay until its TTL."""
     next_token = offered_token(plan, new_token)
     try:
-        tally = yield from release_round(plan, token, waiter=waiter, next_token=next_token)
+        tally = yield from release_round(
+            plan, token, waiter=waiter, next_token=next_token, grant=grant
+        )
     except GeneratorExit:
         raise
     except BaseException:
         # (simulation seed 7001075 --cancel --fork: a release cancelled during a delay spike,
         # its shielded round cancelled again as the job's loop closed: 4 of 5 servers kept
         # the key until its TTL)
-        args = release_args(plan, token, waiter=waiter, next_token=next_token)
+        args = release_args(plan, token, waiter=waiter, next_token=next_token, grant=grant)
         yield from repeat_release(plan, plan.everyone, args)
         raise
     if tally.won:

@@ -202,8 +202,10 @@ class LeaseState:
         ttl_s = self._definition.options.ttl if ttl is None else seconds(ttl, "ttl")
         self._check_usable()
         ttl_ms = seconds_to_ms(ttl_s)
+        plan = self._definition.plan
         return self._bounded(
-            ttl_ms, extend(self._definition.plan, self.token, ttl_ms, self._deadline)
+            ttl_ms,
+            extend(plan, self.token, ttl_ms, self._deadline, plan.grant_tag(self.fence)),
         )
 
     def _validity(self) -> Validity:
@@ -300,12 +302,14 @@ class LeaseState:
         expired = self._deadline <= time.monotonic() or self._is_lost
         if not self._claim_release():
             return None
+        plan = self._definition.plan
         flow = release(
-            self._definition.plan,
+            plan,
             self.token,
             expired=expired,
             waiter=self._waiter,
             new_token=new_token,
+            grant=plan.grant_tag(self.fence),
         )
         if _hooks.observers:
             return _hooks.observe_release(flow, self.key, len(self._definition.servers))
@@ -338,6 +342,7 @@ class LeaseState:
             self._deadline,
             every_s=self._every_s,
             stop_at=self._stop_at,
+            grant=plan.grant_tag(self.fence),
         )
         return self._bounded(plan.ttl_ms, step)
 

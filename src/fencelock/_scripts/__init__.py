@@ -54,7 +54,7 @@ def _load(name: str, numkeys: int, *, variadic: bool = False) -> Script:
 
 ACQUIRE = _load("acquire", 7)
 RELEASE = _load("release", 7)
-EXTEND = _load("extend", 1)
+EXTEND = _load("extend", 1, variadic=True)  # (KEYS[2] with a grant's fence)
 FENCE_COMMIT = _load("fence_commit", 2)
 ELECT_ANNOUNCE = _load("elect_announce", 3)
 ELECT_READ = _load("elect_read", 3)

@@ -9,6 +9,10 @@
 -- ARGV[4] the next holder's token, starting with 'h' ('': only wake a waiter)
 -- ARGV[5] the next holder's lease in ms    ARGV[6] the releaser's waiter id ('-': none)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
+-- ARGV[8] (optional) the fence of the grant this release is for: a token that is granted
+--         again (the compat layer's, chosen by the caller) is ours only while KEYS[6] holds
+--         that grant's fence (or nothing: gone after its retention), not after the same
+--         token's next grant
 -- returns 1 released (it was ours); 0 not ours (expired, or another holder has it): nothing changed
 -- With a waiter still registered: given a next token, the lock is granted at once under it
 -- (PX ARGV[5], fence = max(F + 1, server TIME in us), stored in F) and the wake list holds
@@ -19,6 +23,10 @@
 -- ARGV[2] ms: the lock key holds the hand-off marker (its empty value, see lock_value.lua)
 -- that long; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
 -- then answers why: a release never fails for want of a next fence).
+if ARGV[8] then
+  local fence = redis.call('GET', KEYS[6])
+  if fence and fence ~= ARGV[8] then return 0 end
+end
 local value = redis.call('GET', KEYS[1])
 -- the common cases, written out so that they build no Lua function (one is built on every
 -- call): our token, not a hand-over's, with holder info and without the waiters' mark, or bare

@@ -1,0 +1,166 @@
+"""A compat token is chosen by its caller and granted again; a request of an earlier grant
+that lands after the same token's next grant must not touch that grant.
+
+A release (or an extend) of a compat lease is stuck in its TCP connection and times out
+(``ServersUnavailable``); the caller takes the lock again under the same token, on a new
+connection; then the stuck request reaches the server. It used to delete the new grant's key
+(or cut its TTL to the extend's) while its lease was valid: another client could take the
+lock. The requests now carry their grant's fence, which the scripts compare with the fence
+register: the next grant wrote another, so the stuck request is refused ("not ours").
+
+The stuck requests come from :meth:`fencelock.testing.proxy.Proxy.hold_connections`;
+redis-py's shape on both front ends, and python-redis-lock's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+from fencelock._engine.registry import resolve
+from fencelock.compat import AsyncRedisPyLock, RedisLock, RedisPyLock, ServersUnavailable
+from fencelock.testing import Server
+from fencelock.testing.proxy import Proxy
+
+TIMEOUT_S = 10.0  # the lock's timeout (its lease); its server timeout is 1 s then
+LANDED_S = 0.5  # after the delivery, long enough for the stuck request to have run
+BOUND_S = 15.0  # liveness bound of every wait (s), never a speed assertion
+TOKEN = "chosen-by-the-caller"
+
+# (each test's redis-py client reaches the server through the proxy too: its own connections
+# open at the hold are held as well, so a test that uses it after the hold drops them)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    started = Server(persistence="none").start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def proxy(server: Server) -> Iterator[Proxy]:
+    # drain: a request written before the client closed its connection still arrives
+    made = Proxy(server.host, server.port, password=server.password, drain=True).start()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def _wait_trusted(url: str) -> None:
+    """Until this process no longer suspects the server (a probe answered)."""
+    end = time.monotonic() + BOUND_S
+    while any(server.health.suspect for server in resolve(url)):
+        assert time.monotonic() < end, "the server was not trusted again"
+        time.sleep(0.01)
+
+
+def _pttl(server: Server, key: str) -> int:
+    with server.client() as client:
+        return int(client.pttl(key))
+
+
+def test_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
+    server: Server, proxy: Proxy, key: str
+) -> None:
+    conn = redis.Redis.from_url(proxy.url)
+    try:
+        lock = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
+        assert lock.acquire(blocking=False, token=TOKEN)
+        assert proxy.hold_connections() >= 1
+        with pytest.raises(ServersUnavailable):
+            lock.release()
+        _wait_trusted(proxy.url)
+        with server.client() as direct:
+            direct.delete(key)  # the first grant's key ran out (as its stuck release says)
+        again = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
+        assert again.acquire(blocking=False, token=TOKEN)
+        proxy.deliver()
+        time.sleep(LANDED_S)
+        assert _pttl(server, key) > (TIMEOUT_S - 2 * LANDED_S) * 1000, "the next grant's key"
+        assert again.owned()
+        again.release()
+    finally:
+        conn.close()
+
+
+def test_a_stuck_extend_does_not_cut_the_same_tokens_next_grant(
+    server: Server, proxy: Proxy, key: str
+) -> None:
+    conn = redis.Redis.from_url(proxy.url)
+    try:
+        lock = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
+        assert lock.acquire(blocking=False, token=TOKEN)
+        assert proxy.hold_connections() >= 1
+        with pytest.raises(ServersUnavailable):
+            lock.extend(2.0, replace_ttl=True)  # stuck: would cut the key to 2 s
+        _wait_trusted(proxy.url)
+        lock.release()  # on a new connection
+        again = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
+        assert again.acquire(blocking=False, token=TOKEN)
+        proxy.deliver()
+        time.sleep(LANDED_S)
+        left = _pttl(server, key)
+        assert left > (TIMEOUT_S - 2 * LANDED_S) * 1000, f"the next grant's key: {left} ms left"
+        again.release()
+    finally:
+        conn.close()
+
+
+def test_python_redis_lock_a_stuck_release_does_not_delete_the_same_ids_next_grant(
+    server: Server, proxy: Proxy, key: str
+) -> None:
+    conn = redis.Redis.from_url(proxy.url)
+    try:
+        lock = RedisLock(conn, key, expire=int(TIMEOUT_S), id=TOKEN)
+        assert lock.acquire(blocking=False)
+        assert proxy.hold_connections() >= 1
+        with pytest.raises(ServersUnavailable):
+            lock.release()
+        _wait_trusted(proxy.url)
+        conn.connection_pool.disconnect()  # its connections are held too: new ones
+        with server.client() as direct:
+            direct.delete(f"lock:{key}")
+        again = RedisLock(conn, key, expire=int(TIMEOUT_S), id=TOKEN)
+        assert again.acquire(blocking=False)
+        proxy.deliver()
+        time.sleep(LANDED_S)
+        assert _pttl(server, f"lock:{key}") > (TIMEOUT_S - 2 * LANDED_S) * 1000
+        again.release()
+    finally:
+        conn.close()
+
+
+def test_asyncio_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
+    server: Server, proxy: Proxy, key: str
+) -> None:
+    async def scenario() -> None:
+        conn = redis.asyncio.Redis.from_url(proxy.url)
+        try:
+            lock = conn.lock(key, timeout=TIMEOUT_S, lock_class=AsyncRedisPyLock)
+            assert await lock.acquire(blocking=False, token=TOKEN)
+            assert proxy.hold_connections() >= 1
+            with pytest.raises(ServersUnavailable):
+                await lock.release()
+            await asyncio.to_thread(_wait_trusted, proxy.url)
+            with server.client() as direct:
+                direct.delete(key)
+            again = conn.lock(key, timeout=TIMEOUT_S, lock_class=AsyncRedisPyLock)
+            assert await again.acquire(blocking=False, token=TOKEN)
+            proxy.deliver()
+            await asyncio.sleep(LANDED_S)
+            assert _pttl(server, key) > (TIMEOUT_S - 2 * LANDED_S) * 1000
+            assert await again.owned()
+            await again.release()
+        finally:
+            await conn.aclose()
+
+    asyncio.run(scenario())
