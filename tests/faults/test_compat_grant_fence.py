@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -68,75 +69,99 @@ def _pttl(server: Server, key: str) -> int:
         return int(client.pttl(key))
 
 
-def test_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
-    server: Server, proxy: Proxy, key: str
+def _stuck_then_granted_again(
+    server: Server,
+    proxy: Proxy,
+    lock_key: str,
+    make: Callable[[redis.Redis], Any],
+    stuck: Callable[[Any], object],
+    between: Callable[[Any], object],
 ) -> None:
+    """``make(conn)`` a compat lock and take it; ``stuck(lock)``, held in its connection,
+    raises ServersUnavailable; once the server is trusted again, ``between(lock)`` frees the
+    key and a new lock takes it under the same token; then the stuck request lands. The new
+    grant's key must keep its whole timeout."""
     conn = redis.Redis.from_url(proxy.url)
     try:
-        lock = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
-        assert lock.acquire(blocking=False, token=TOKEN)
+        lock = make(conn)
+        assert lock.acquire(blocking=False)
         assert proxy.hold_connections() >= 1
         with pytest.raises(ServersUnavailable):
-            lock.release()
+            stuck(lock)
         _wait_trusted(proxy.url)
-        with server.client() as direct:
-            direct.delete(key)  # the first grant's key ran out (as its stuck release says)
-        again = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
-        assert again.acquire(blocking=False, token=TOKEN)
+        conn.connection_pool.disconnect()  # its connections are held too: new ones
+        between(lock)
+        again = make(conn)
+        assert again.acquire(blocking=False)
         proxy.deliver()
         time.sleep(LANDED_S)
-        assert _pttl(server, key) > (TIMEOUT_S - 2 * LANDED_S) * 1000, "the next grant's key"
-        assert again.owned()
-        again.release()
-    finally:
-        conn.close()
-
-
-def test_a_stuck_extend_does_not_cut_the_same_tokens_next_grant(
-    server: Server, proxy: Proxy, key: str
-) -> None:
-    conn = redis.Redis.from_url(proxy.url)
-    try:
-        lock = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
-        assert lock.acquire(blocking=False, token=TOKEN)
-        assert proxy.hold_connections() >= 1
-        with pytest.raises(ServersUnavailable):
-            lock.extend(2.0, replace_ttl=True)  # stuck: would cut the key to 2 s
-        _wait_trusted(proxy.url)
-        lock.release()  # on a new connection
-        again = conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock)
-        assert again.acquire(blocking=False, token=TOKEN)
-        proxy.deliver()
-        time.sleep(LANDED_S)
-        left = _pttl(server, key)
+        left = _pttl(server, lock_key)
         assert left > (TIMEOUT_S - 2 * LANDED_S) * 1000, f"the next grant's key: {left} ms left"
         again.release()
     finally:
         conn.close()
 
 
+def _redis_py(key: str) -> Callable[[redis.Redis], Any]:
+    def make(conn: redis.Redis) -> Any:
+        return _TokenFixed(conn.lock(key, timeout=TIMEOUT_S, lock_class=RedisPyLock))
+
+    return make
+
+
+class _TokenFixed:
+    """A redis-py shaped lock whose ``acquire`` takes the test's token (``token=``)."""
+
+    def __init__(self, lock: RedisPyLock) -> None:
+        self.lock = lock
+
+    def acquire(self, blocking: bool) -> bool:
+        return bool(self.lock.acquire(blocking=blocking, token=TOKEN))
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def _deleted(server: Server, lock_key: str) -> Callable[[Any], object]:
+    def between(lock: Any) -> None:
+        with server.client() as direct:
+            direct.delete(lock_key)  # the first grant's key ran out (as its stuck release says)
+
+    return between
+
+
+def test_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
+    server: Server, proxy: Proxy, key: str
+) -> None:
+    _stuck_then_granted_again(
+        server, proxy, key, _redis_py(key), lambda held: held.release(), _deleted(server, key)
+    )
+
+
+def test_a_stuck_extend_does_not_cut_the_same_tokens_next_grant(
+    server: Server, proxy: Proxy, key: str
+) -> None:
+    _stuck_then_granted_again(
+        server,
+        proxy,
+        key,
+        _redis_py(key),
+        lambda held: held.lock.extend(2.0, replace_ttl=True),  # would cut the key to 2 s
+        lambda held: held.release(),  # on a new connection
+    )
+
+
 def test_python_redis_lock_a_stuck_release_does_not_delete_the_same_ids_next_grant(
     server: Server, proxy: Proxy, key: str
 ) -> None:
-    conn = redis.Redis.from_url(proxy.url)
-    try:
-        lock = RedisLock(conn, key, expire=int(TIMEOUT_S), id=TOKEN)
-        assert lock.acquire(blocking=False)
-        assert proxy.hold_connections() >= 1
-        with pytest.raises(ServersUnavailable):
-            lock.release()
-        _wait_trusted(proxy.url)
-        conn.connection_pool.disconnect()  # its connections are held too: new ones
-        with server.client() as direct:
-            direct.delete(f"lock:{key}")
-        again = RedisLock(conn, key, expire=int(TIMEOUT_S), id=TOKEN)
-        assert again.acquire(blocking=False)
-        proxy.deliver()
-        time.sleep(LANDED_S)
-        assert _pttl(server, f"lock:{key}") > (TIMEOUT_S - 2 * LANDED_S) * 1000
-        again.release()
-    finally:
-        conn.close()
+    _stuck_then_granted_again(
+        server,
+        proxy,
+        f"lock:{key}",
+        lambda conn: RedisLock(conn, key, expire=int(TIMEOUT_S), id=TOKEN),
+        lambda held: held.release(),
+        _deleted(server, f"lock:{key}"),
+    )
 
 
 def test_asyncio_a_stuck_release_does_not_delete_the_same_tokens_next_grant(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -36,15 +37,9 @@ BOUND_S = 15.0  # liveness bound of every wait here (s), never a speed assertion
 
 
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
-    try:
-        for _ in range(3):
-            started.append(Server(persistence="none").start())
-        yield started
-    finally:
-        for server in started:
-            server.stop()
+def servers(topologies: Any) -> list[Server]:
+    # the shared three (never paused or stopped here: the faults are in the proxies)
+    return list(topologies.group(3).servers)
 
 
 @pytest.fixture
