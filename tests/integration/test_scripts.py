@@ -55,7 +55,7 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 SHAS = {
     "acquire": "a44f6166e18fd41ae874ac64cad657444f19364c",
     "release": "2c3283dcff6cf65f81b0063b4cb637d04faef709",
-    "extend": "779897534ac4ec65e11183f7583573b64511c13f",
+    "extend": "b676294b7416a2cf7f647384bfbaabcabfcf944d",
     "fence_commit": "93dd03dca5e019c3fb53981119758e3002d88063",
     "elect_announce": "b7339a072b28365c4e0479435c11b8aaa41a6daf",
     "elect_read": "536335c6640f34755417dce4057e7150cc63e779",

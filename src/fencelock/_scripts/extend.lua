@@ -4,9 +4,10 @@
 --         the slot migrates)
 -- ARGV[1] token      ARGV[2] new lease in ms
 -- KEYS[2], ARGV[3] (optional, together; the script is variadic in that sense) the fence
---         register and the fence of the grant this extend is for: a token that is granted again (the compat layer's, chosen by the
---         caller) is ours only while the register holds that grant's fence (or nothing: gone
---         after its retention), not after the same token's next grant
+--         register and the fence of the grant this extend is for: a token that is granted
+--         again (the compat layer's, chosen by the caller) is ours only while the register
+--         holds that grant's fence (or nothing: gone after its retention), not after the same
+--         token's next grant
 -- returns 1 extended (it was ours); 0 not ours: nothing changed
 local value = redis.call('GET', KEYS[1])
 local after = value and string.byte(value, #ARGV[1] + 1)
