@@ -816,3 +816,21 @@ def test_a_reused_tokens_extend_and_release_carry_the_grants_fence_on_one_server
     assert sent.args == ("tok", 5000)
     released = next(release(own, "tok", expired=False))
     assert isinstance(released, Broadcast) and len(released.args) == 7
+
+
+@pytest.mark.parametrize("script", ["acquire", "rw_write_acquire", "rw_read_acquire"])
+def test_only_the_locks_script_is_told_that_a_first_attempts_waiter_is_unregistered(
+    script: str,
+) -> None:
+    """``acquire.lua`` reads ``+id`` as "registered nowhere yet" (its grant removes nothing);
+    a reader's and a writer's scripts take the id as sent, so they get it bare, or a waiting
+    writer registered ``+id`` and then stood behind its own registration (CI)."""
+    plan = plan_of(1)
+    plan = replace(plan, wiring=replace(plan.wiring, acquire=script))
+    driver = Script({script: [[HELD, GRANT]], "release": [[OK]]})
+    flow = acquire(plan, 5.0, new_token=lambda: "t" * 32, holder_info=str, rand=lambda: 0.0)
+    driver.run(flow)
+    first, second = (sent.args[4] for sent in driver.broadcasts(script))
+    assert isinstance(first, str) and isinstance(second, str)
+    assert first == ("+" + second if script == "acquire" else second)
+    assert second == "t" * 16

@@ -102,6 +102,12 @@ class AttemptFn(Protocol):
     ) -> Flow[Attempt]: ...
 
 
+#: The acquire scripts that read a ``+`` before the waiter id of a call's first attempt
+#: (registered nowhere yet: a grant removes nothing; a refusal registers the id without it).
+#: The others (a reader's, a writer's) take the id as it is sent.
+MARKS_FIRST_ATTEMPT = frozenset({"acquire"})
+
+
 def settled(tally: Tally) -> bool:
     """An acquire round may stop once won, or once lost AND it is clear whether for
     contention (enough servers answered "held") or for an outage (too few can answer)."""
@@ -467,7 +473,8 @@ def acquire(
     waiter = new_token()[:16] if wait_s > 0 else "-"  # an id only for who will wait
     # the first attempt's id is registered nowhere yet: with "+" before it, the Lock's script
     # removes no registration when it grants (one command less on an uncontended acquire)
-    first = "+" + waiter if wait_s > 0 and attempt_with is None else waiter
+    marks = wait_s > 0 and attempt_with is None and plan.wiring.acquire in MARKS_FIRST_ATTEMPT
+    first = "+" + waiter if marks else waiter
     attempts = 0
     woken = False
     run = _bound(plan) if attempt_with is None else attempt_with
