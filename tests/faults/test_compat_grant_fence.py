@@ -23,9 +23,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from fencelock._engine.registry import resolve
 from fencelock.compat import AsyncRedisPyLock, RedisLock, RedisPyLock, ServersUnavailable
-from fencelock.testing import Server
+from fencelock.testing import Server, wait_trusted
 from fencelock.testing.proxy import Proxy
 
 TIMEOUT_S = 10.0  # the lock's timeout (its lease); its server timeout is 1 s then
@@ -56,14 +55,6 @@ def proxy(server: Server) -> Iterator[Proxy]:
         made.stop()
 
 
-def _wait_trusted(url: str) -> None:
-    """Until this process no longer suspects the server (a probe answered)."""
-    end = time.monotonic() + BOUND_S
-    while any(server.health.suspect for server in resolve(url)):
-        assert time.monotonic() < end, "the server was not trusted again"
-        time.sleep(0.01)
-
-
 def _pttl(server: Server, key: str) -> int:
     with server.client() as client:
         return int(client.pttl(key))
@@ -88,7 +79,7 @@ def _stuck_then_granted_again(
         assert proxy.hold_connections() >= 1
         with pytest.raises(ServersUnavailable):
             stuck(lock)
-        _wait_trusted(proxy.url)
+        assert wait_trusted([proxy.url], within_s=BOUND_S), "the server was not trusted again"
         conn.connection_pool.disconnect()  # its connections are held too: new ones
         between(lock)
         again = make(conn)
@@ -175,7 +166,8 @@ def test_asyncio_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
             assert proxy.hold_connections() >= 1
             with pytest.raises(ServersUnavailable):
                 await lock.release()
-            await asyncio.to_thread(_wait_trusted, proxy.url)
+            trusted = await asyncio.to_thread(wait_trusted, [proxy.url], BOUND_S)
+            assert trusted, "the server was not trusted again"
             with server.client() as direct:
                 direct.delete(key)
             again = conn.lock(key, timeout=TIMEOUT_S, lock_class=AsyncRedisPyLock)

@@ -25,8 +25,7 @@ import pytest
 import fencelock.asyncio as fasync
 from fencelock import Lock, Unavailable
 from fencelock._core.keys import lock_keys
-from fencelock._engine.registry import resolve
-from fencelock.testing import Server
+from fencelock.testing import Server, wait_trusted
 from fencelock.testing.proxy import Proxy
 
 TTL_S = 10.0
@@ -61,15 +60,6 @@ def proxies(servers: list[Server]) -> Iterator[list[Proxy]]:
 
 def _urls(servers: list[Server], proxies: list[Proxy]) -> list[str]:
     return [proxies[0].url, proxies[1].url, servers[2].url]
-
-
-def _wait_trusted(urls: list[str]) -> None:
-    """Until this process no longer suspects the proxied servers (a probe answered)."""
-    healing = [server for url in urls[:2] for server in resolve(url)]
-    end = time.monotonic() + BOUND_S
-    while any(server.health.suspect for server in healing):
-        assert time.monotonic() < end, "the servers were not trusted again"
-        time.sleep(0.01)
 
 
 def _expiries(servers: list[Server], key: str) -> list[float]:
@@ -127,7 +117,7 @@ def test_sync_an_extend_that_lands_late_does_not_outlive_the_lease(
     assert all(proxy.hold_connections() >= 1 for proxy in proxies)
     with pytest.raises(Unavailable):
         lease.extend(FIRST_S)
-    _wait_trusted(urls)
+    assert wait_trusted(urls[:2], within_s=BOUND_S), "the servers were not trusted again"
     lease.extend(SECOND_S)  # on new connections, confirmed by all three
     for proxy in proxies:
         proxy.deliver()
@@ -152,7 +142,8 @@ def test_asyncio_an_extend_that_lands_late_does_not_outlive_the_lease(
         assert all(proxy.hold_connections() >= 1 for proxy in proxies)
         with pytest.raises(Unavailable):
             await lease.extend(FIRST_S)
-        await asyncio.to_thread(_wait_trusted, urls)
+        trusted = await asyncio.to_thread(wait_trusted, urls[:2], BOUND_S)
+        assert trusted, "the servers were not trusted again"
         await lease.extend(SECOND_S)
         for proxy in proxies:
             proxy.deliver()

@@ -18,7 +18,14 @@ other way round). ``fencelock.servers`` is the old name of this package, kept fo
 from __future__ import annotations
 
 from .cluster import SLOTS, Cluster, ClusterNode
-from .faults import BLACK_HOLE_FILLERS, BlackHole, delayed_proxy, refused_url, refused_urls
+from .faults import (
+    BLACK_HOLE_FILLERS,
+    BlackHole,
+    delayed_proxy,
+    refused_url,
+    refused_urls,
+    wait_trusted,
+)
 from .proxy import Proxy, ProxyError, ProxyStats
 from .replicas import (
     SENTINEL_DOWN_AFTER_MS,
@@ -69,4 +76,5 @@ __all__ = [
     "new_password",
     "refused_url",
     "refused_urls",
+    "wait_trusted",
 ]

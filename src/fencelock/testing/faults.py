@@ -9,12 +9,21 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import time
 from collections.abc import Sequence
 
+from .._engine.registry import resolve
 from .proxy import Proxy
 from .server import Server, ServerError, free_ports
 
-__all__ = ["BLACK_HOLE_FILLERS", "BlackHole", "delayed_proxy", "refused_url", "refused_urls"]
+__all__ = [
+    "BLACK_HOLE_FILLERS",
+    "BlackHole",
+    "delayed_proxy",
+    "refused_url",
+    "refused_urls",
+    "wait_trusted",
+]
 
 # --------------------------------------------------------------------------------------------
 # fault helpers: addresses that misbehave the way sick servers do
@@ -142,3 +151,18 @@ def delayed_proxy(server: Server, delay: float) -> Proxy:
         proxy.stop()
         raise
     return proxy
+
+
+def wait_trusted(servers: Sequence[object], within_s: float = 5.0) -> bool:
+    """Wait until this process's Locks no longer suspect ``servers`` (URLs or clients, as a
+    Lock takes them): a server that timed out or refused is skipped by rounds until a
+    background probe sees it answer, and a probe sent into a black hole waits out its timeout
+    first. At most ``within_s`` seconds; whether they are all trusted again. A server no Lock
+    of this process has used is trusted."""
+    healing = [server for spec in servers for server in resolve(spec)]
+    deadline = time.monotonic() + within_s
+    while any(server.health.suspect for server in healing):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -43,8 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..._core.keys import lock_keys
-from ..._engine.registry import resolve
-from ...testing import Persistence, Proxy, Server, ServerError, engine_of, find_server_binary
+from ...testing import (
+    Persistence,
+    Proxy,
+    Server,
+    ServerError,
+    engine_of,
+    find_server_binary,
+    wait_trusted,
+)
 from .workload import CANARY_KEY, each_quietly
 
 __all__ = [
@@ -174,18 +181,8 @@ class Topology:
         each_quietly(lambda proxy: proxy.heal(), self.proxies)
 
     def wait_trusted(self, indexes: Sequence[int], within_s: float = 5.0) -> bool:
-        """Wait until this process's Locks no longer suspect the lock servers at ``indexes``
-        (a server that timed out or refused is skipped by rounds until a background probe
-        sees it answer; a probe sent into a black hole waits out its timeout first), at most
-        ``within_s`` seconds; whether they are all trusted again. A server no Lock of this
-        process has used is trusted."""
-        healing = [server for i in indexes for server in resolve(self.lock_urls[i])]
-        deadline = time.monotonic() + within_s
-        while any(server.health.suspect for server in healing):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        """:func:`fencelock.testing.wait_trusted` for the lock servers at ``indexes``."""
+        return wait_trusted([self.lock_urls[i] for i in indexes], within_s)
 
     def __enter__(self) -> Topology:
         return self.start()
