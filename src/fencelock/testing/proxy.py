@@ -327,9 +327,7 @@ class Proxy:
     async def _hold_connections(self) -> int:
         for gate in self._gates:
             gate.clear()
-        with self._stats_lock:
-            self.stats.modes.append(f"hold-connections({len(self._gates)})")
-            del self.stats.modes[:-20]
+        self._record(f"hold-connections({len(self._gates)})")
         return len(self._gates)
 
     def deliver(self) -> None:
@@ -348,9 +346,7 @@ class Proxy:
 
     async def _apply(self, mode: Mode, reset: bool = False) -> None:
         self._mode = mode
-        with self._stats_lock:
-            self.stats.modes.append(str(mode))
-            del self.stats.modes[:-20]
+        self._record(str(mode))
         if mode.name == "hold":
             self._flowing.clear()
         else:
@@ -378,6 +374,12 @@ class Proxy:
             raise
 
     # ---- connections (loop thread) ----------------------------------------------------------
+
+    def _record(self, what: str) -> None:
+        """Note a mode change in :attr:`ProxyStats.modes` (the last 20 are kept)."""
+        with self._stats_lock:
+            self.stats.modes.append(what)
+            del self.stats.modes[:-20]
 
     def _count(self, up: bool, *, forwarded: int = 0, dropped: int = 0, read: int = 0) -> None:
         with self._stats_lock:
