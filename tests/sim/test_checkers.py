@@ -15,6 +15,7 @@ from tools.sim.checkers import (
     one_leader_per_term,
     permit_when_free,
     rw_exclusion,
+    rw_when_free,
     semaphore_limit,
 )
 from tools.sim.world import Config, Grant, History, Loss, World
@@ -381,6 +382,45 @@ def test_lock_when_free_counts_a_lease_to_its_confirmed_release_or_past_its_dead
     assert not lock_when_free(history)
     held.deadline, held.ended = 1006.5, 1006.0
     assert lock_when_free(history)
+
+
+def _rw_refusal(once: bool, **more: object) -> History:
+    """b waited for the write lock from 1010 to 1012 (or tried once at 1012): a reader held it
+    until its confirmed release at 1010.5."""
+    asked = 1012.0 if once else 1010.0
+    reader = Grant("a", "rw0", "t1", 3, at=1009.0, deadline=1011.0, start=1008.9, ended=1010.5)
+    reader.release, reader.kind = "ok", "read"
+    history = History(servers=3, ttl=2.0, grants=[reader])
+    history.rw_refused = [("b", "write", once, asked, 1012.0)]
+    history.rw_attempts = [("a", 1008.9, 1009.0), ("b", asked, 1012.0)]
+    for name, value in more.items():
+        setattr(history, name, value)
+    return history
+
+
+def test_rw_when_free_fires_on_a_writer_refused_a_second_after_the_last_reader_left() -> None:
+    assert rw_when_free(_rw_refusal(once=False))
+    assert not rw_when_free(_rw_refusal(once=False, fault_windows=[(1007.0, 1007.5)]))
+    assert not rw_when_free(_rw_refusal(once=False, restarted_at=[1011.0]))
+    late = _rw_refusal(once=False)
+    late.grants[0].ended = 1011.2  # released 0.8 s before the refusal: a wake may be on its way
+    assert not rw_when_free(late)
+    late.grants[0].release = "Unavailable"  # not confirmed: it may hold its key 1.5 ttl longer
+    late.grants[0].ended = 1009.5
+    assert not rw_when_free(late)
+
+
+def test_rw_when_free_fires_on_one_attempt_refused_on_a_free_lock_only() -> None:
+    """The mutant rw-first-attempt-marked: a writer granted after a refusal left its intent
+    marker, which stops the readers after it."""
+    history = _rw_refusal(once=True)
+    assert rw_when_free(history)
+    history.rw_refused = [("b", "read", True, 1012.0, 1012.0)]
+    assert rw_when_free(history)
+    history.rw_attempts.append(("c", 1011.0, 1011.9))  # a writer refused 100 ms before:
+    assert not rw_when_free(history)  # its intent may stay up to 100 ms past its wait
+    history.rw_attempts[-1] = ("c", 1011.0, 1011.8)
+    assert rw_when_free(history)
 
 
 def test_mutual_exclusion_excuses_a_wipe_only_where_the_process_never_saw_it() -> None:

@@ -30,6 +30,8 @@ short texts (empty: the property holds). Each has a known-bad-history unit test
   once its local deadline has passed.
 - ``lock_when_free``: liveness: a Lock's ``acquire()`` is not refused (NotAcquired) when
   nothing held or asked for its key during its wait and no fault touched the servers.
+- ``rw_when_free``: liveness: an RWLock acquire is not refused when its lock was free (no
+  lease, no other acquire) for its one attempt or the last second of its wait, no fault.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ PROPERTIES = (
     "guard_refuses_older_writer",
     "honest_loss",
     "lock_when_free",
+    "rw_when_free",
 )
 
 #: A refused permit counts as a liveness failure only when no fault touched the servers or
@@ -495,6 +498,58 @@ def lock_when_free(history: History) -> list[str]:
     return found
 
 
+#: How long a waiting RWLock acquire must go on with its lock free before a refusal is a
+#: liveness failure (s): a release wakes it at once; with no release to wake it (a lease that
+#: ran out), its next attempt comes at most one backoff step (the lease it was told, plus
+#: jitter) after the occupancy ``rw_when_free`` already allows for.
+RW_FREE_S = 1.0
+
+#: How long after another RWLock acquire returned it may still keep the lock from a reader
+#: (s): a writer refused to the end of its wait leaves its intent marker up to 100 ms past it
+#: (``rw_write_acquire.lua``), and a refused attempt's partial entries are cleaned up by then.
+RW_AFTER_S = 0.15
+
+
+def rw_when_free(history: History) -> list[str]:
+    """Liveness, the read-write lock's ``lock_when_free``: an RWLock acquire, a reader's or a
+    writer's, is not refused (NotAcquired, or a try's None) when its lock was free: for the
+    whole call if it made one attempt, for the last ``RW_FREE_S`` of its wait if it waited.
+    Only when no fault touched the servers, the network or a client from ``2 ttl +
+    LIVENESS_QUIET_S`` before it asked (as ``lock_when_free``). Unlike ``lock_when_free`` the
+    lock may have been held when it asked (a waiting writer gets the lock when the last reader
+    leaves; a writer granted leaves nothing that stops the readers after it). The lock is
+    occupied by every read and write lease, as ``lock_when_free`` counts a lease, and by every
+    other RWLock acquire from its ask to ``RW_AFTER_S`` after it returned."""
+    found: list[str] = []
+    leases = [g for g in history.grants if g.kind in ("read", "write")]
+    for who, role, once, asked, refused in history.rw_refused:
+        since = asked - 2 * history.ttl - LIVENESS_QUIET_S
+        if not history.quiet(since, refused) or any(
+            since <= t <= refused for t in history.restarted_at
+        ):
+            continue
+        windows = [
+            (start, end + RW_AFTER_S)
+            for other, start, end in history.rw_attempts
+            if (other, start) != (who, asked)
+        ]
+        for g in leases:
+            begin = min(g.at, g.start or g.at, g.asked or g.at)
+            if g.release == "ok" and g.ended is not None:
+                windows.append((begin, g.ended + 0.05))
+            else:
+                windows.append((begin, max(g.deadline, g.ended or 0.0) + 1.5 * history.ttl + 0.05))
+        free_from = max([since, *(end for begin, end in windows if begin < refused)])
+        if free_from > (asked if once else refused - RW_FREE_S):
+            continue
+        how = "in one attempt" if once else "after waiting"
+        found.append(
+            f"{who} was refused the {role} lock {how} at {refused - 1000:.4f} (asked at "
+            f"{asked - 1000:.4f}): free since {free_from - 1000:.4f}, no fault"
+        )
+    return found
+
+
 CHECKS = {
     "mutual_exclusion": mutual_exclusion,
     "fence_order": fence_order,
@@ -512,6 +567,7 @@ CHECKS = {
     "guard_refuses_older_writer": guard_refuses_older_writer,
     "honest_loss": honest_loss,
     "lock_when_free": lock_when_free,
+    "rw_when_free": rw_when_free,
 }
 
 

@@ -206,6 +206,21 @@ MUTANTS: tuple[Mutant, ...] = (
         replace="tokens_reused=False)",
         args=("--compat",),
     ),
+    Mutant(
+        name="rw-first-attempt-marked",
+        description=(
+            "the read-write lock's scripts are sent a first attempt's waiter id with the '+' "
+            "that only acquire.lua reads (MARKS_FIRST_ATTEMPT): a writer refused on its first "
+            "attempt registers '+id', and its later attempts stand behind it until the wait "
+            "runs out (CI at a1e6649: tests/integration/test_family.py's "
+            "test_a_waiting_writer_stops_new_readers_and_gets_the_lock_when_they_leave)"
+        ),
+        file="_core/acquire.py",
+        find='MARKS_FIRST_ATTEMPT = frozenset({"acquire"})\n',
+        replace=(
+            'MARKS_FIRST_ATTEMPT = frozenset({"acquire", "rw_write_acquire", "rw_read_acquire"})\n'
+        ),
+    ),
 )
 
 

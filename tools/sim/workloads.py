@@ -459,13 +459,21 @@ def lock_workload(world: World) -> None:
                 rw = fl.RWLock(world.urls, "rw0", **options)
                 writer = rng.random() < 0.4
                 granted_as = "write" if writer else "read"
-                if rng.random() < 0.3:  # one attempt
-                    tried = await (rw.try_write() if writer else rw.try_read())
-                    if tried is None:
-                        raise NotAcquired("rw0", "try: taken")
-                    rw_lease = tried
-                else:
-                    rw_lease = await (rw.acquire_write() if writer else rw.acquire_read())
+                once = rng.random() < 0.3  # one attempt
+                try:
+                    if once:
+                        tried = await (rw.try_write() if writer else rw.try_read())
+                        if tried is None:
+                            raise NotAcquired("rw0", "try: taken")
+                        rw_lease = tried
+                    else:
+                        rw_lease = await (rw.acquire_write() if writer else rw.acquire_read())
+                except NotAcquired:
+                    refused = (name, granted_as, once, asked, world.clock.now)
+                    world.history.rw_refused.append(refused)
+                    raise
+                finally:
+                    world.history.rw_attempts.append((name, asked, world.clock.now))
                 leases = (rw_lease,)
                 chosen = ["rw0"]
             else:  # a Lock, or a fair one (the same key: kind "fair" runs in its own mix)

@@ -160,6 +160,11 @@ class History:
     # a Lock's acquire() that raised NotAcquired: (who, key, asked, refused) (``lock_when_free``)
     lock_attempts: list[tuple[str, str, float, float]] = field(default_factory=list)
     locks_refused: list[tuple[str, str, float, float]] = field(default_factory=list)
+    # every RWLock acquire, a reader's or a writer's: (who, asked, returned) true times; and
+    # each one refused (NotAcquired, or a try's None): (who, "read" or "write", one attempt,
+    # asked, refused) (``rw_when_free``)
+    rw_attempts: list[tuple[str, float, float]] = field(default_factory=list)
+    rw_refused: list[tuple[str, str, bool, float, float]] = field(default_factory=list)
 
     def quiet(self, since: float, until: float) -> bool:
         """No fault window meets [since, until]."""
