@@ -167,3 +167,27 @@ def test_the_clean_seed_can_be_given_and_defaults_to_the_seed() -> None:
         timeout=60,
     )  # fmt: skip
     assert refused.returncode == 2 and "--clean-seed goes with --mutants" in refused.stderr
+
+
+def test_a_writer_granted_after_a_refusal_leaves_no_intent_behind(tmp_path: Path) -> None:
+    """Seed 316 (all primitives): a writer refused while readers held rw0 is granted when they
+    leave. Today nothing it left stops the reader after it; with the read-write scripts sent
+    the first attempt's ``+`` (rw-first-attempt-marked, last stop's CI failure) its intent
+    marker stays, and that reader waits 1.5 s on a free lock, refused (``rw_when_free``)."""
+    runs = {}
+    for name, src in (("today", ROOT / "src"), ("mutant", _copy_source(tmp_path))):
+        if name == "mutant":
+            apply(next(m for m in MUTANTS if m.name == "rw-first-attempt-marked"), src)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+        runs[name] = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "simulate.py"), "--replay", "316"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    assert runs["today"].returncode == 0, runs["today"].stdout[-3000:]
+    assert "granted rw0 (write)" in runs["today"].stdout
+    assert runs["mutant"].returncode == 1, runs["mutant"].stdout[-3000:]
+    assert "VIOLATION rw_when_free: " in runs["mutant"].stdout
+    assert "was refused the read lock after waiting" in runs["mutant"].stdout
