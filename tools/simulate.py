@@ -117,6 +117,7 @@ def config_for(seed: int) -> Config:
     if COMPAT[0] and compat.random() < COMPAT_SHARE:
         config.primitives = compat.choice(COMPAT_MIXES)
         config.servers = 1
+    config.drain_on_close = DRAIN[0]
     return config
 
 
@@ -165,6 +166,11 @@ REENTRANT_HOLD = [False]
 #: default, so a seed replays as it always did (its mutant runs with it)
 COMPAT = [False]
 
+#: --drain-on-close: in every schedule a connection the client closes still delivers the
+#: requests it wrote before (Config.drain_on_close); off by default, so a seed replays as it
+#: always did (the mutants keep their catching seeds; CI's unmutated draw takes it)
+DRAIN = [False]
+
 
 def replay_flags() -> str:
     """The flags a violation's replay needs beyond its seed (the search's own)."""
@@ -174,6 +180,7 @@ def replay_flags() -> str:
     flags += " --store" if STORE[0] else ""
     flags += " --reentrant-hold" if REENTRANT_HOLD[0] else ""
     flags += " --compat" if COMPAT[0] else ""
+    flags += " --drain-on-close" if DRAIN[0] else ""
     return flags + (" --front sync" if FRONT[0] == "sync" else "")
 
 
@@ -363,14 +370,15 @@ def clean_with(
 ) -> dict[str, Any]:
     """The unmutated code's search with ``flags`` (``--fork``, ``--cancel``) on, as a mutant
     that takes them runs: ``{"args", "schedules", "seeds", "faults", "violations"}``."""
-    saved = CANCEL[0], FORK[0], COMPAT[0]
+    saved = CANCEL[0], FORK[0], COMPAT[0], DRAIN[0]
     CANCEL[0] = CANCEL[0] or "--cancel" in flags
     FORK[0] = FORK[0] or "--fork" in flags
     COMPAT[0] = COMPAT[0] or "--compat" in flags
+    DRAIN[0] = DRAIN[0] or "--drain-on-close" in flags
     try:
         found = search(seconds, first, most, shrink_runs=shrink_runs, shrink_seconds=shrink_seconds)
     finally:
-        CANCEL[0], FORK[0], COMPAT[0] = saved
+        CANCEL[0], FORK[0], COMPAT[0], DRAIN[0] = saved
     keep = ("schedules", "seeds", "faults", "violations")
     return {"args": list(flags), **{name: found[name] for name in keep}}
 
@@ -570,6 +578,15 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
+        "--drain-on-close",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=(
+            "a connection the client closes still delivers the requests it wrote before, as "
+            "TCP does (default: off, every seed's schedule as it was)"
+        ),
+    )
+    parser.add_argument(
         "--front",
         choices=("asyncio", "sync"),
         default="asyncio",
@@ -592,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     FRONT[0] = args.front
     REENTRANT_HOLD[0] = args.reentrant_hold
     COMPAT[0] = args.compat
+    DRAIN[0] = args.drain_on_close
     if args.front == "sync" and (args.reentrant_hold or args.compat):
         parser.error("--reentrant-hold and --compat draw asyncio workloads (not with --front sync)")
     if args.front == "sync" and (args.fork or args.cancel):
@@ -655,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         on = {"--cancel"} if CANCEL[0] else set()
         on |= {"--fork"} if FORK[0] else set()
         on |= {"--compat"} if COMPAT[0] else set()
+        on |= {"--drain-on-close"} if DRAIN[0] else set()
         report["clean_with"] = [
             clean_with(flags, args.seconds, first, args.max_schedules, shrink_runs, shrink_seconds)
             for flags in sorted({m.args for m in chosen if m.args})

@@ -21,7 +21,7 @@ from family_api import Make, make  # noqa: F401
 import fencelock
 import fencelock.asyncio as fasync
 from fencelock import ConfigError, FencelockError, LockLost, NotAcquired
-from fencelock._core.keys import slot_keys
+from fencelock._core.keys import rw_keys, slot_keys
 from fencelock._frontend.reentry import MAX_DEPTH
 
 TOPOLOGIES = [pytest.param(1, id="n1"), pytest.param(3, id="n3")]
@@ -251,6 +251,30 @@ def test_a_waiting_writer_stops_new_readers_and_gets_the_lock_when_they_leave(
     got[0].release()
     again = rw.acquire_read(wait=0)
     again.release()
+
+
+def test_a_writer_granted_while_one_server_refused_it_leaves_no_intent_there(
+    topologies: Any, make: Make, key: str
+) -> None:
+    """Simulation seed 336 (``rw_when_free``): over 5 servers, writers granted by a majority
+    while the others still held the last writer's key left their intent markers there (a
+    refusal sets one for up to its wait + 100 ms), and three such servers refused every
+    reader for 1.5 s on a free lock. The writer's release now clears its own markers, on
+    the servers that refused it too."""
+    group = topologies.group(3)
+    intent = rw_keys(key).intent
+    stale = group.servers[2].client()
+    # the last writer's key, which its release did not reach on this server
+    stale.set(rw_keys(key).writer.lock, "an-earlier-writers-token", px=5000)
+    rw = make("rwlock", group.urls, key, ttl=10)
+    lease = rw.acquire_write(wait=3)  # granted by the other two, refused here
+    assert stale.exists(intent) == 1, "the refusal set the writer's intent on the third"
+    lease.release()
+    assert stale.exists(intent) == 0, "the release cleared the writer's own intent"
+    assert all(s.client().exists(intent) == 0 for s in group.servers)
+    stale.delete(rw_keys(key).writer.lock)
+    reader = rw.acquire_read(wait=0)  # every server takes a reader now
+    reader.release()
 
 
 def test_a_reader_asking_for_write_waits_like_any_writer(

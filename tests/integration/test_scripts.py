@@ -67,7 +67,7 @@ SHAS = {
     "rw_read_extend": "af810cf64c63510f762fc826c3a66a97b02376da",
     "rw_read_release": "a4c2200aba55b2265174d25262aa579d05d36646",
     "rw_write_acquire": "f78806ddd2b25cc3280d38fbcf619ed57e301fc9",
-    "rw_write_release": "cbee3e81bc22aff10bea1f5555bc6c795c47590b",
+    "rw_write_release": "0afff886276144ebb6dacb34af38b65b004449d0",
     "fair_acquire": "5876f5de79baf44b0c813b79c5a5b16d490495e9",
     "fair_release": "2c66ed25796d4767988edfa42efbd54e0297b3a5",
     "fair_leave": "2c61a2abfc77159cccb10269f4286b5acc4037d5",

@@ -183,7 +183,7 @@ _SCRIPT_KEYS: dict[str, tuple[str, ...]] = {
     "rw_read_extend": ("readers",),
     "rw_read_release": ("readers", "waiters", "wake"),
     "rw_write_acquire": ("lock", "fence", "info", "waiters", "handoff", "readers", "intent"),
-    "rw_write_release": ("lock", "info", "waiters", "wake"),
+    "rw_write_release": ("lock", "info", "waiters", "wake", "intent"),
     "fair_acquire": ("lock", "fence", "info", "queue", "beats", "prefix"),
     "fair_release": ("lock", "info", "queue", "beats", "prefix"),
     "fair_leave": ("lock", "queue", "beats", "prefix"),
@@ -264,8 +264,10 @@ class Generator:
             args = (rng.choice((tok, "")), '{"term":1}', "5000")
         elif name == "elect_read":
             args = (rng.choice(("", "o1")), lease)
-        elif name in ("rw_read_release", "rw_write_release", "sem_sweep"):
+        elif name in ("rw_read_release", "sem_sweep"):
             args = (tok, window, "5000")
+        elif name == "rw_write_release":
+            args = (tok, window, "5000", "", lease, waiter, keep)
         elif name == "fair_acquire":
             w = rng.choice(("w1aaaaaaaaaaaaaa", "w2bbbbbbbbbbbbbb", "-"))
             ftok = (w if w != "-" else "x" * 16) + "-t"

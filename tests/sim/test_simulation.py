@@ -18,6 +18,7 @@ by a minority) is a round after the commit's validity check, and a process stopp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -270,3 +271,57 @@ def test_a_hand_over_claimed_after_a_pause_counts_a_wiped_restart_from_its_ask()
     assert run.returncode == 0, run.stdout[-3000:]
     assert "crash sim0 (wiped)" in run.stdout
     assert "c0/j0/t0 granted k0 fence 1000660089 until 3.9793" in run.stdout
+
+
+class _Loop:
+    """As much of a client's loop as the world's connection needs (no task runs on it)."""
+
+    process, name, paused_until = "c0", "c0", 0.0
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_soon(self, callback: object, *args: object) -> None:
+        pass  # the protocol's connection_lost: nobody reads it here
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_a_request_written_before_the_client_closes_reaches_the_server_when_draining(
+    drain: bool,
+) -> None:
+    """``--drain-on-close``: TCP delivers what the client wrote before its FIN, so a request
+    whose caller gave up and closed the connection still runs (the late-landing requests of
+    docs/design.md); without it, the world drops it at the close (seeds as they were). A
+    crash of the server loses what was still on its way either way."""
+    from tools.sim.world import Config, World, _Conn
+
+    world = World(1, Config(servers=1, drain_on_close=drain))
+    conn = _Conn(0, _Loop(), asyncio.Protocol(), 0, world.servers[0].connect())  # type: ignore[arg-type]
+    world.conns.append(conn)
+    world._send_up(conn, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n")
+    world._close(conn, by_client=True)
+    assert conn.closed
+    world.run_until(lambda: False, world.clock.now + 1.0)
+    assert (b"k" in world.servers[0].data) is drain
+    assert not conn.draining and conn.session.closed
+
+    lost = _Conn(1, _Loop(), asyncio.Protocol(), 0, world.servers[0].connect())  # type: ignore[arg-type]
+    world.conns.append(lost)
+    world._send_up(lost, b"*3\r\n$3\r\nSET\r\n$1\r\nj\r\n$1\r\nv\r\n")
+    world._close(lost, by_client=True)
+    world.crash(0, wipe=False, down_s=0.1)
+    world.run_until(lambda: False, world.clock.now + 1.0)
+    assert b"j" not in world.servers[0].data
+
+
+def test_a_writer_granted_by_a_majority_leaves_no_intent_on_the_others() -> None:
+    """Seed 336 (5 servers, no fault) found it with ``rw_when_free``: writers granted by three
+    servers while two still held the last writer's key (its release not there yet) left their
+    intent markers on those two, and three servers so marked refused a reader for its whole
+    1.5 s wait on a free lock. The writer's release clears its own markers now."""
+    run = subprocess.run(
+        [*SIMULATE, "--replay", "336"], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "faults {}" in run.stdout
+    assert "c1/j0/t1 granted rw0 (read)" in run.stdout

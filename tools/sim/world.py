@@ -220,6 +220,7 @@ class _Conn:
     __slots__ = (
         "closed",
         "down_at",
+        "draining",
         "drop_next",
         "id",
         "loop",
@@ -238,6 +239,9 @@ class _Conn:
         self.server = server
         self.session = session
         self.closed = False
+        # the client closed it, and request bytes it wrote before are still on their way:
+        # they reach the server before it sees the close (Config.drain_on_close)
+        self.draining = False
         self.up_at = 0.0  # when the last request byte reaches the server (order kept)
         self.down_at = 0.0  # when the last reply byte reaches the client
         self.drop_next = False  # the next reply is lost, then the connection reset
@@ -335,6 +339,11 @@ class Config:
     # the fenced store (tools/sim/store.py): holders write to it through the real guard; it
     # takes no step nor draw of the world's, so the schedule is the same with it
     store: bool = False
+    # a connection the client closes (a timed-out request's, a reset pool's, a cancelled
+    # call's) still delivers the request bytes written before the close, as TCP does (they go
+    # before the FIN): the server runs them and then sees the close. Off: they are dropped at
+    # the close (every seed's schedule as it was before the option)
+    drain_on_close: bool = False
 
 
 #: The engine's process-wide state (module globals): each client process of the world has its
@@ -543,7 +552,7 @@ class World:
         self.at(conn.up_at, lambda: self._arrive_up(conn, data))
 
     def _arrive_up(self, conn: _Conn, data: bytes) -> None:
-        if conn.closed:
+        if conn.closed and not conn.draining:
             return
         index = conn.server
         if self.paused[index] > self.clock.now:
@@ -595,9 +604,30 @@ class World:
         if conn.closed:
             return
         conn.closed = True
-        conn.session.close()
+        if by_client:
+            self._closed_by_client(conn)
+        else:
+            conn.session.close()
         if not conn.loop.is_closed():
             conn.loop.call_soon(conn.protocol.connection_lost, None)
+
+    def _closed_by_client(self, conn: _Conn) -> None:
+        """The server's side of a close by the client (its process may be gone: ``kill``)."""
+        if self.config.drain_on_close and conn.up_at > self.clock.now:
+            conn.draining = True
+            self.note(f"close conn {conn.id} (sim{conn.server}) with requests on their way")
+            self.at(conn.up_at, lambda: self._drained(conn))
+        else:
+            conn.session.close()
+
+    def _drained(self, conn: _Conn) -> None:
+        """The last request byte a closed connection had on its way has reached the server
+        (it arrives first: scheduled earlier for the same time); a paused server reads the
+        close after what it has not read yet (``_resume``)."""
+        if not conn.draining or any(c is conn for c, _ in self._pending_up[conn.server]):
+            return
+        conn.draining = False
+        conn.session.close()
 
     def _reset(self, conn: _Conn) -> None:
         if conn.closed:
@@ -618,6 +648,7 @@ class World:
             self.history.wiped.append((self.clock.now, index))
         for conn in self.conns:
             if conn.server == index:
+                conn.draining = False  # what was on its way to the crashed server is lost
                 self._reset(conn)
         self.servers[index].crash(wipe=wipe)
         self._pending_up[index].clear()
@@ -639,7 +670,7 @@ class World:
         for conn in self.conns:
             if conn.loop.process == process and not conn.closed:
                 conn.closed = True
-                conn.session.close()
+                self._closed_by_client(conn)
         for loop in self.loops:
             if loop.process == process and not loop.is_closed():
                 _close_loop(loop)
@@ -654,9 +685,13 @@ class World:
             return
         pending, self._pending_up[index] = self._pending_up[index], []
         for conn, data in pending:
-            if not conn.closed:
+            if not conn.closed or conn.draining:
                 conn.session.feed(data)
         self.servers[index].advance()
+        for conn, _ in pending:
+            if conn.draining and conn.up_at <= self.clock.now:
+                conn.draining = False
+                conn.session.close()
         self._flush(index)
 
     # -- the scheduler ----------------------------------------------------------------------

@@ -78,7 +78,9 @@ class Grant:
     start: float
     deadline: float
     slot: int = 0  # the semaphore slot won (0 for every other kind of lock)
-    waiter: str = "-"  # the waiter id still registered (a grant claimed from a hand-over)
+    # the waiter id still registered (a grant claimed from a hand-over), or that left markers
+    # on servers that refused the grant (a writer's intent: MARKS_WAITER)
+    waiter: str = "-"
     #: rounds run after the wake-up that let this caller in (0: the grant came with the wake,
     #: a claimed hand-over); -1: granted without waiting for a wake-up
     after_wake: int = -1
@@ -106,6 +108,11 @@ class AttemptFn(Protocol):
 #: (registered nowhere yet: a grant removes nothing; a refusal registers the id without it).
 #: The others (a reader's, a writer's) take the id as it is sent.
 MARKS_FIRST_ATTEMPT = frozenset({"acquire"})
+
+#: The acquire scripts whose refusal leaves a marker under the caller's waiter id (the
+#: writer's intent, which stops new readers): their grant keeps the id (``Grant.waiter``), so
+#: that the lease's release clears the markers the servers that refused it still hold.
+MARKS_WAITER = frozenset({"rw_write_acquire"})
 
 
 def settled(tally: Tally) -> bool:
@@ -489,7 +496,8 @@ def acquire(
             patience=patience_ms(deadline, now),
         )
         if result.grant is not None:
-            return replace(result.grant, after_wake=1) if woken else result.grant
+            grant = replace(result.grant, after_wake=1) if woken else result.grant
+            return replace(grant, waiter=waiter) if plan.wiring.acquire in MARKS_WAITER else grant
         now = yield NOW
         remaining = deadline - now
         if (

@@ -35,7 +35,7 @@ def writer_plan(base: LockPlan) -> LockPlan:
         acquire="rw_write_acquire",
         acquire_keys=(k.lock, k.fence, k.holder, k.waiters, k.handoff, keys.readers, keys.intent),
         release="rw_write_release",
-        release_keys=(k.lock, k.holder, k.waiters, k.wake),
+        release_keys=(k.lock, k.holder, k.waiters, k.wake, keys.intent),
     )
     return base.rewired(k, wiring)
 
