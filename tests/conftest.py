@@ -10,7 +10,7 @@ import os
 import re
 import resource
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -81,22 +81,45 @@ _ENGINE_FREE_MODULES = frozenset(
 )
 
 
-def _engine_free(item: pytest.Item) -> bool:
+def _serverless(item: pytest.Item) -> bool:
+    """Pure logic and the simulation's own server: no server process, no port."""
     path = item.path.as_posix()
-    name = item.path.name
-    if name in _ENGINE_FREE_MODULES:
-        return True
-    return any(d in path for d in _ENGINE_FREE_DIRS) and name not in _ENGINE_BOUND_IN_FREE_DIRS
+    in_dirs = any(d in path for d in _ENGINE_FREE_DIRS)
+    return in_dirs and item.path.name not in _ENGINE_BOUND_IN_FREE_DIRS
+
+
+def _engine_free(item: pytest.Item) -> bool:
+    return item.path.name in _ENGINE_FREE_MODULES or _serverless(item)
+
+
+#: ``FENCELOCK_SERVERLESS``: ``only`` keeps the tests that start no server, ``skip`` leaves
+#: them out. CI runs them beside its first engine leg (``.ci/run``: they are pure CPU, the
+#: leg mostly waits on servers and timers), the leg with ``skip``; unset, all run.
+_SERVERLESS_ENV = "FENCELOCK_SERVERLESS"
+
+
+def _deselect(
+    config: pytest.Config, items: list[pytest.Item], drop: Callable[[pytest.Item], bool]
+) -> None:
+    dropped = [item for item in items if drop(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not drop(item)]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the slow tiers ``slow`` so that ``-m "not slow"`` is the quick subset; with
-    ``FENCELOCK_SECOND_ENGINE=1``, deselect the tests no engine can change."""
+    ``FENCELOCK_SECOND_ENGINE=1``, deselect the tests no engine can change; with
+    ``FENCELOCK_SERVERLESS=only`` / ``skip``, keep / leave out the tests that start no server."""
     if os.environ.get("FENCELOCK_SECOND_ENGINE") == "1":
-        dropped = [item for item in items if _engine_free(item)]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = [item for item in items if not _engine_free(item)]
+        _deselect(config, items, _engine_free)
+    serverless = os.environ.get(_SERVERLESS_ENV, "")
+    if serverless == "only":
+        _deselect(config, items, lambda item: not _serverless(item))
+    elif serverless == "skip":
+        _deselect(config, items, _serverless)
+    elif serverless:
+        raise pytest.UsageError(f"{_SERVERLESS_ENV} is 'only' or 'skip', not {serverless!r}")
     slow = pytest.mark.slow
     for item in items:
         path = item.path.as_posix()

@@ -16,7 +16,7 @@ import pytest
 
 from fencelock import ConfigError, LockLost, NotAcquired, Unavailable
 from fencelock._core import fencing
-from fencelock._core.acquire import Grant, acquire, attempt, try_acquire
+from fencelock._core.acquire import Grant, acquire, attempt, try_acquire, unheard_repeats
 from fencelock._core.effects import (
     IDENTITIES,
     NOW,
@@ -679,8 +679,18 @@ def test_a_given_up_rounds_late_grant_is_released_on_its_server_and_nothing_else
     assert late(2, Replicated(GRANT, 0)) == replace(repeat, targets=(2,))  # short of replicas
     assert late(0, HELD) is None  # took nothing there
     assert late(0, ReplyError("NOSCRIPT No matching script")) is None
-    # a reply that can no longer be heard (its asyncio loop shut down) may have been a grant
-    assert late(1, UNHEARD) == replace(repeat, targets=(1,))
+    assert repeat.at_s == (0.0,)  # heard: it landed already, released once (and repeated)
+    # a reply that can no longer be heard (its asyncio loop shut down, its connection closed)
+    # may have been a grant, or its request may land yet: released at once and over the lease
+    unheard = late(1, UNHEARD)
+    assert unheard == replace(repeat, targets=(1,), at_s=unheard_repeats(plan.ttl_ms / 1000.0))
+
+
+def test_an_unheard_calls_release_is_repeated_with_doubling_gaps_over_the_lease() -> None:
+    assert unheard_repeats(2.0) == (0.0, 0.1, 0.3, 0.7, 1.5)
+    assert unheard_repeats(0.05) == (0.0,)
+    thirty = unheard_repeats(30.0)
+    assert thirty[-1] < 30.0 < thirty[-1] + 2 * (thirty[-1] - thirty[-2]) and len(thirty) == 9
 
 
 def test_a_won_rounds_stragglers_are_never_released() -> None:

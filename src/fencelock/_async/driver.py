@@ -547,10 +547,10 @@ class _Round:
         """The loop is shutting down: a given-up attempt's calls still out (``effect.late``
         set) have their connections closed, and what each may have taken is released on its
         server from the background thread: at once (a grant that landed while its reply was
-        on its way is gone within a round trip, not GIVE_UP_S later: simulation seed
-        742338133) and again GIVE_UP_S later (a request still on its way may land after the
-        first: heard no more, it is outlasted as a heard one would be). Other rounds' calls
-        are left as they are."""
+        on its way is gone within a round trip: simulation seed 742338133) and again over its
+        lease (a request still on its way may land after the first: heard no more, it is
+        outlasted, :func:`~fencelock._core.acquire.unheard_repeats`). Other rounds' calls are
+        left as they are."""
         if self.effect.late is None:
             return
         for call in [*self.open, *self.expired]:
@@ -562,14 +562,12 @@ class _Round:
     def _release_late(self, index: int, reply: object) -> None:
         """A given-up attempt's call to server ``index`` ended after its round with
         ``reply`` (:data:`~fencelock._core.effects.UNHEARD`: none can come): what it took there
-        is released from the background thread, at once, and for an unheard one again
-        GIVE_UP_S later (its request may still be on its way)."""
+        is released from the background thread, at once, and for an unheard one again over
+        its lease (its request may still be on its way: the round's ``late`` says when)."""
         late = self.effect.late
         repeat = None if late is None else late(index, reply)
-        if repeat is None:
-            return
-        for after_s in (0.0, GIVE_UP_S) if reply is fx.UNHEARD else (0.0,):
-            background().repeat(self.servers, repeat, after_s=after_s)
+        if repeat is not None:
+            background().repeat(self.servers, repeat)
 
     def drop_expired(self, call: _Call) -> None:
         """An expired call still silent GIVE_UP_S later: abandoned (what a given-up attempt's

@@ -310,18 +310,37 @@ def late_release(
     ``classify`` reads as a grant (the server holds the key, or a slot, with ``token`` now;
     with ``replicas=k``, whatever ``WAIT`` said) is answered with ``token``'s release there,
     repeated as the cleanup's is; any other reply took nothing. :data:`~.effects.UNHEARD` (a
-    reply that can no longer be heard) may have been a grant: released too."""
+    reply that can no longer be heard) may have been a grant: released too, and again at
+    :func:`unheard_repeats` over the lease, since its request may still be on its way (a
+    closed connection still delivers what was written to it: the server runs it, then sees
+    the close), so a grant that lands late is gone within about its lateness, not its TTL."""
     args = release_args(plan, token)
+    ttl_s = plan.ttl_ms / 1000.0
 
     def late(index: int, reply: object) -> Repeat | None:
         bare = reply.reply if isinstance(reply, Replicated) else reply
         if reply is not UNHEARD and classify(bare)[0] is not Outcome.GRANTED:
             return None
-        return Repeat(
-            plan.wiring.release, (index,), plan.release_keys, args, until_s=plan.ttl_ms / 1000.0
-        )
+        at_s = unheard_repeats(ttl_s) if reply is UNHEARD else (0.0,)
+        return Repeat(plan.wiring.release, (index,), plan.release_keys, args, ttl_s, at_s)
 
     return late
+
+
+#: The first gap (s) between the repeats of an unheard call's release; each next one doubles.
+UNHEARD_FIRST_GAP_S = 0.1
+
+
+def unheard_repeats(ttl_s: float) -> tuple[float, ...]:
+    """When (s from now) to release what an unheard call may have taken: at once, then after
+    gaps doubling from :data:`UNHEARD_FIRST_GAP_S` for as long as its lease could last (a
+    request that lands ``d`` late is released within about ``d`` of landing)."""
+    at, gap, times = 0.0, UNHEARD_FIRST_GAP_S, [0.0]
+    while at + gap < ttl_s:
+        at += gap
+        times.append(round(at, 6))
+        gap *= 2
+    return tuple(times)
 
 
 def _discount_restarted(plan: LockPlan, tally: Tally, ballot: Ballot) -> Flow[Tally]:

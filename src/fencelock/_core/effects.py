@@ -173,13 +173,16 @@ class ClaimInterrupted(BaseException):
 @dataclass(frozen=True, slots=True)
 class Repeat:
     """Repeat ``script`` on ``targets`` in the background until each answered twice, or
-    ``until_s`` seconds from now (the keys have expired by then anyway)."""
+    ``until_s`` seconds from now (the keys have expired by then anyway); and so again from
+    each later delay in ``at_s`` (s from now; a request that may still land late is outlasted
+    by repeats spaced out over its lease, :func:`~.acquire.late_release`)."""
 
     script: str
     targets: tuple[int, ...]
     keys: tuple[str, ...]
     args: tuple[str | int, ...]
     until_s: float
+    at_s: tuple[float, ...] = (0.0,)
 
 
 Effect = _Marker | Broadcast | Pause | Repeat | Identify | Settle

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.effects import Broadcast, Repeat
+from .._core.effects import UNHEARD, Broadcast, Repeat
 from .._engine.cluster import ASKING, busy_slot
 from .._engine.registry import PerProcess, sweep_idle
 from .._engine.server import LateCall, Server
@@ -133,6 +133,15 @@ class _StragglerJob(_Job):
         super().replied(replies)
         self.server.idle.append(self.conn)
         return True
+
+    def failed(self, exc: BaseException) -> None:
+        """No reply will come (given up, or the connection failed): what the call may have
+        taken there is released as the round's ``late`` says for an unheard one (its request
+        may still land: the connection closed behind it delivers it)."""
+        super().failed(exc)
+        call = self.call
+        if call.servers and BY_NAME.get(call.script) is not None:
+            heard_late(call.effect, call.servers, call.index, UNHEARD)
 
 
 def heard_late(effect: Broadcast, servers: tuple[Server, ...], index: int, result: object) -> None:
@@ -244,19 +253,21 @@ class Background:
         """Probe ``server`` until it answers (it just became suspect)."""
         self._post(lambda: self._watched.add(server))
 
-    def repeat(self, servers: tuple[Server, ...], effect: Repeat, *, after_s: float = 0.0) -> None:
-        """Queue a ``Repeat`` effect's script for each of its target servers, first sent
-        ``after_s`` seconds from now (its ``until_s`` counted from then). The calls are
-        queued by the thread itself: a server's queue of late calls is touched by the thread
-        only (a caller appending to it while the thread walked it broke the walk, and a call
-        appended just before the thread cleared a spent queue was lost)."""
-        first = time.monotonic() + after_s
-        until = first + effect.until_s
-        for index in effect.targets:
-            owner = servers[index]
-            server = owner.route(effect.keys)  # a cluster's node
-            call = LateCall(effect.script, effect.keys, effect.args, until, due=first)
-            self._post(lambda s=server, o=owner, c=call: self._queue(s, o, c))  # type: ignore[misc]
+    def repeat(self, servers: tuple[Server, ...], effect: Repeat) -> None:
+        """Queue a ``Repeat`` effect's script for each of its target servers, once for each
+        of its ``at_s`` (first sent that long from now, its ``until_s`` counted from then).
+        The calls are queued by the thread itself: a server's queue of late calls is touched
+        by the thread only (a caller appending to it while the thread walked it broke the
+        walk, and a call appended just before the thread cleared a spent queue was lost)."""
+        now = time.monotonic()
+        for at_s in effect.at_s:
+            first = now + at_s
+            until = first + effect.until_s
+            for index in effect.targets:
+                owner = servers[index]
+                server = owner.route(effect.keys)  # a cluster's node
+                call = LateCall(effect.script, effect.keys, effect.args, until, due=first)
+                self._post(lambda s=server, o=owner, c=call: self._queue(s, o, c))  # type: ignore[misc]
 
     def _queue(self, node: Server, owner: Server, call: LateCall) -> None:
         """In the thread: queue ``call`` on ``node`` and watch it."""
