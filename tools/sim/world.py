@@ -1053,7 +1053,13 @@ class SimBackground:
 
         world.at(world.clock.now + self.PROBE_EVERY_S, probe)
 
-    def repeat(self, servers: tuple[Any, ...], effect: Any, *, after_s: float = 0.0) -> None:
+    def repeat(self, servers: tuple[Any, ...], effect: Any) -> None:
+        """As the real thread's ``repeat``: the script on each target, from each of the
+        effect's ``at_s`` (s from now), until answered twice or ``until_s`` from then."""
+        for at_s in effect.at_s:
+            self._repeat_from(servers, effect, at_s)
+
+    def _repeat_from(self, servers: tuple[Any, ...], effect: Any, after_s: float) -> None:
         from fencelock._engine.wire import full_call
         from fencelock._scripts import BY_NAME
         from fencelock._sync.background import LATE_AGAIN_S
