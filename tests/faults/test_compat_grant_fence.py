@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,33 +36,14 @@ TOKEN = "chosen-by-the-caller"
 # open at the hold are held as well, so a test that uses it after the hold drops them)
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    started = Server(persistence="none").start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-@pytest.fixture
-def proxy(server: Server) -> Iterator[Proxy]:
-    # drain: a request written before the client closed its connection still arrives
-    made = Proxy(server.host, server.port, password=server.password, drain=True).start()
-    try:
-        yield made
-    finally:
-        made.stop()
-
-
-def _pttl(server: Server, key: str) -> int:
-    with server.client() as client:
+def _pttl(lone_server: Server, key: str) -> int:
+    with lone_server.client() as client:
         return int(client.pttl(key))
 
 
 def _stuck_then_granted_again(
-    server: Server,
-    proxy: Proxy,
+    lone_server: Server,
+    draining_proxy: Proxy,
     lock_key: str,
     make: Callable[[redis.Redis], Any],
     stuck: Callable[[Any], object],
@@ -72,21 +53,23 @@ def _stuck_then_granted_again(
     raises ServersUnavailable; once the server is trusted again, ``between(lock)`` frees the
     key and a new lock takes it under the same token; then the stuck request lands. The new
     grant's key must keep its whole timeout."""
-    conn = redis.Redis.from_url(proxy.url)
+    conn = redis.Redis.from_url(draining_proxy.url)
     try:
         lock = make(conn)
         assert lock.acquire(blocking=False)
-        assert proxy.hold_connections() >= 1
+        assert draining_proxy.hold_connections() >= 1
         with pytest.raises(ServersUnavailable):
             stuck(lock)
-        assert wait_trusted([proxy.url], within_s=BOUND_S), "the server was not trusted again"
+        assert wait_trusted([draining_proxy.url], within_s=BOUND_S), (
+            "the server was not trusted again"
+        )
         conn.connection_pool.disconnect()  # its connections are held too: new ones
         between(lock)
         again = make(conn)
         assert again.acquire(blocking=False)
-        proxy.deliver()
+        draining_proxy.deliver()
         time.sleep(LANDED_S)
-        left = _pttl(server, lock_key)
+        left = _pttl(lone_server, lock_key)
         assert left > (TIMEOUT_S - 2 * LANDED_S) * 1000, f"the next grant's key: {left} ms left"
         again.release()
     finally:
@@ -113,28 +96,33 @@ class _TokenFixed:
         self.lock.release()
 
 
-def _deleted(server: Server, lock_key: str) -> Callable[[Any], object]:
+def _deleted(lone_server: Server, lock_key: str) -> Callable[[Any], object]:
     def between(lock: Any) -> None:
-        with server.client() as direct:
+        with lone_server.client() as direct:
             direct.delete(lock_key)  # the first grant's key ran out (as its stuck release says)
 
     return between
 
 
 def test_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
-    server: Server, proxy: Proxy, key: str
+    lone_server: Server, draining_proxy: Proxy, key: str
 ) -> None:
     _stuck_then_granted_again(
-        server, proxy, key, _redis_py(key), lambda held: held.release(), _deleted(server, key)
+        lone_server,
+        draining_proxy,
+        key,
+        _redis_py(key),
+        lambda held: held.release(),
+        _deleted(lone_server, key),
     )
 
 
 def test_a_stuck_extend_does_not_cut_the_same_tokens_next_grant(
-    server: Server, proxy: Proxy, key: str
+    lone_server: Server, draining_proxy: Proxy, key: str
 ) -> None:
     _stuck_then_granted_again(
-        server,
-        proxy,
+        lone_server,
+        draining_proxy,
         key,
         _redis_py(key),
         lambda held: held.lock.extend(2.0, replace_ttl=True),  # would cut the key to 2 s
@@ -143,38 +131,38 @@ def test_a_stuck_extend_does_not_cut_the_same_tokens_next_grant(
 
 
 def test_python_redis_lock_a_stuck_release_does_not_delete_the_same_ids_next_grant(
-    server: Server, proxy: Proxy, key: str
+    lone_server: Server, draining_proxy: Proxy, key: str
 ) -> None:
     _stuck_then_granted_again(
-        server,
-        proxy,
+        lone_server,
+        draining_proxy,
         f"lock:{key}",
         lambda conn: RedisLock(conn, key, expire=int(TIMEOUT_S), id=TOKEN),
         lambda held: held.release(),
-        _deleted(server, f"lock:{key}"),
+        _deleted(lone_server, f"lock:{key}"),
     )
 
 
 def test_asyncio_a_stuck_release_does_not_delete_the_same_tokens_next_grant(
-    server: Server, proxy: Proxy, key: str
+    lone_server: Server, draining_proxy: Proxy, key: str
 ) -> None:
     async def scenario() -> None:
-        conn = redis.asyncio.Redis.from_url(proxy.url)
+        conn = redis.asyncio.Redis.from_url(draining_proxy.url)
         try:
             lock = conn.lock(key, timeout=TIMEOUT_S, lock_class=AsyncRedisPyLock)
             assert await lock.acquire(blocking=False, token=TOKEN)
-            assert proxy.hold_connections() >= 1
+            assert draining_proxy.hold_connections() >= 1
             with pytest.raises(ServersUnavailable):
                 await lock.release()
-            trusted = await asyncio.to_thread(wait_trusted, [proxy.url], BOUND_S)
+            trusted = await asyncio.to_thread(wait_trusted, [draining_proxy.url], BOUND_S)
             assert trusted, "the server was not trusted again"
-            with server.client() as direct:
+            with lone_server.client() as direct:
                 direct.delete(key)
             again = conn.lock(key, timeout=TIMEOUT_S, lock_class=AsyncRedisPyLock)
             assert await again.acquire(blocking=False, token=TOKEN)
-            proxy.deliver()
+            draining_proxy.deliver()
             await asyncio.sleep(LANDED_S)
-            assert _pttl(server, key) > (TIMEOUT_S - 2 * LANDED_S) * 1000
+            assert _pttl(lone_server, key) > (TIMEOUT_S - 2 * LANDED_S) * 1000
             assert await again.owned()
             await again.release()
         finally:

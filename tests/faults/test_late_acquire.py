@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -37,29 +36,11 @@ LATE_S = 1.1
 GONE_WITHIN_S = 4.0  # liveness bound after it landed, far under the TTL (never a speed claim)
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    started = Server(persistence="none").start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-@pytest.fixture
-def proxy(server: Server) -> Iterator[Proxy]:
-    made = Proxy(server.host, server.port, password=server.password, drain=True).start()
-    try:
-        yield made
-    finally:
-        made.stop()
-
-
-def _lands_then_goes(server: Server, proxy: Proxy, lock_key: str) -> None:
+def _lands_then_goes(lone_server: Server, draining_proxy: Proxy, lock_key: str) -> None:
     """Deliver the held acquire; it must grant (the key appears, held by nobody's lease),
     then be released well within its TTL."""
-    proxy.deliver()
-    with server.client() as direct:
+    draining_proxy.deliver()
+    with lone_server.client() as direct:
         bound = time.monotonic() + GONE_WITHIN_S
         while time.monotonic() < bound and not direct.exists(lock_key):
             time.sleep(0.005)
@@ -72,32 +53,32 @@ def _lands_then_goes(server: Server, proxy: Proxy, lock_key: str) -> None:
 
 
 def test_asyncio_a_late_acquire_after_its_connection_closed_is_released(
-    server: Server, proxy: Proxy, key: str
+    lone_server: Server, draining_proxy: Proxy, key: str
 ) -> None:
     async def job() -> None:
-        lock = fasync.Lock(proxy.url, key, ttl=TTL_S, server_timeout=SERVER_TIMEOUT_S)
+        lock = fasync.Lock(draining_proxy.url, key, ttl=TTL_S, server_timeout=SERVER_TIMEOUT_S)
         await (await lock.acquire(wait=0)).release()  # the loop's connection is open
-        assert proxy.hold_connections() >= 1
+        assert draining_proxy.hold_connections() >= 1
         with pytest.raises(Unavailable):
             await lock.acquire(wait=0)
 
     asyncio.run(job())  # the loop's end closes the straggler's connection
     time.sleep(LATE_S)
-    _lands_then_goes(server, proxy, lock_keys(key).lock)
+    _lands_then_goes(lone_server, draining_proxy, lock_keys(key).lock)
 
 
 def test_sync_a_late_acquire_after_its_connection_closed_is_released(
-    server: Server, proxy: Proxy, key: str
+    lone_server: Server, draining_proxy: Proxy, key: str
 ) -> None:
-    lock = fencelock.Lock(proxy.url, key, ttl=TTL_S, server_timeout=SERVER_TIMEOUT_S)
+    lock = fencelock.Lock(draining_proxy.url, key, ttl=TTL_S, server_timeout=SERVER_TIMEOUT_S)
     try:
         lock.acquire(wait=0).release()  # an idle connection in the pool
-        assert proxy.hold_connections() >= 1
+        assert draining_proxy.hold_connections() >= 1
         with pytest.raises(Unavailable):
             lock.acquire(wait=0)
         # the background thread abandons the silent straggler GIVE_UP_S later (its
         # connection closed), and releases what it may have taken from then on
         time.sleep(GIVE_UP_S + LATE_S)
-        _lands_then_goes(server, proxy, lock_keys(key).lock)
+        _lands_then_goes(lone_server, draining_proxy, lock_keys(key).lock)
     finally:
         lock.close()
