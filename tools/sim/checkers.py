@@ -458,6 +458,16 @@ def honest_loss(history: History) -> list[str]:
     return found
 
 
+def _occupied(history: History, g: Grant) -> tuple[float, float]:
+    """When lease ``g`` may keep its key from others (true times), for the liveness checks:
+    from its round's start (or its ask) to its release if that was confirmed (+50 ms), else
+    to 1.5 ttl past the later of its deadline and its end (an extend in flight may land)."""
+    begin = min(g.at, g.start or g.at, g.asked or g.at)
+    if g.release == "ok" and g.ended is not None:
+        return begin, g.ended + 0.05
+    return begin, max(g.deadline, g.ended or 0.0) + 1.5 * history.ttl + 0.05
+
+
 def lock_when_free(history: History) -> list[str]:
     """Liveness, the lock's ``permit_when_free``: a Lock's ``acquire()`` (wait: the client's)
     does not raise NotAcquired when, from ``2 ttl + LIVENESS_QUIET_S`` before it asked until
@@ -480,16 +490,10 @@ def lock_when_free(history: History) -> list[str]:
             for other, k, start, end in history.lock_attempts
         ):
             continue
-        busy = False
-        for g in by_key.get(key, []):
-            begin = min(g.at, g.start or g.at, g.asked or g.at)
-            if g.release == "ok" and g.ended is not None:
-                end = g.ended + 0.05
-            else:
-                end = max(g.deadline, g.ended or 0.0) + 1.5 * history.ttl + 0.05
-            if begin < refused and end > asked:
-                busy = True
-                break
+        busy = any(
+            begin < refused and end > asked
+            for begin, end in (_occupied(history, g) for g in by_key.get(key, []))
+        )
         if not busy:
             found.append(
                 f"{who} was refused {key} at {refused - 1000:.4f} after asking at "
@@ -533,12 +537,7 @@ def rw_when_free(history: History) -> list[str]:
             for other, start, end in history.rw_attempts
             if (other, start) != (who, asked)
         ]
-        for g in leases:
-            begin = min(g.at, g.start or g.at, g.asked or g.at)
-            if g.release == "ok" and g.ended is not None:
-                windows.append((begin, g.ended + 0.05))
-            else:
-                windows.append((begin, max(g.deadline, g.ended or 0.0) + 1.5 * history.ttl + 0.05))
+        windows += [_occupied(history, g) for g in leases]
         free_from = max([since, *(end for begin, end in windows if begin < refused)])
         if free_from > (asked if once else refused - RW_FREE_S):
             continue

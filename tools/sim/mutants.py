@@ -211,8 +211,9 @@ MUTANTS: tuple[Mutant, ...] = (
         description=(
             "the read-write lock's scripts are sent a first attempt's waiter id with the '+' "
             "that only acquire.lua reads (MARKS_FIRST_ATTEMPT): a writer refused on its first "
-            "attempt registers '+id', and its later attempts stand behind it until the wait "
-            "runs out (CI at a1e6649: tests/integration/test_family.py's "
+            "attempt sets its intent marker as '+id', which its grant (as 'id') does not "
+            "clear, so new readers are refused on a free lock until it expires (CI at "
+            "a1e6649: tests/integration/test_family.py's "
             "test_a_waiting_writer_stops_new_readers_and_gets_the_lock_when_they_leave)"
         ),
         file="_core/acquire.py",

@@ -689,9 +689,8 @@ class World:
                 conn.session.feed(data)
         self.servers[index].advance()
         for conn, _ in pending:
-            if conn.draining and conn.up_at <= self.clock.now:
-                conn.draining = False
-                conn.session.close()
+            if conn.up_at <= self.clock.now:
+                self._drained(conn)
         self._flush(index)
 
     # -- the scheduler ----------------------------------------------------------------------
