@@ -7,8 +7,15 @@ redis-py, asyncio, the standard library, and the C calls (socket, poll: these in
 time spent waiting for the server's reply, since cProfile measures wall time). The raw
 redis-py baselines are the bench's (``SET NX PX`` + a compare-and-delete ``EVALSHA``).
 
-Usage: ``python benchmarks/layers.py [--cycles N]``. The profiler slows Python code down, so
-compare the layers with each other and with the baseline, not with ``fencelock bench``.
+The hand-off cases run the bench's hand-off (8 workers on one key, 1 ms of work per lease,
+``--handoff-s`` seconds each): first as the bench does, in processes and unprofiled, reporting
+each worker's CPU time (``time.thread_time``) in ``acquire()`` and in ``release()`` per
+acquisition; then the same in threads without and with a profiler per thread, whose report
+leaves out the time a thread sleeps (the work) or waits in ``poll`` for the lock.
+
+Usage: ``python benchmarks/layers.py [--cycles N] [--handoff-s S] [--only-handoff]``. The
+profiler slows Python code down, so compare the layers with each other and with the
+baseline, not with ``fencelock bench``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import argparse
 import asyncio
 import collections
 import cProfile
+import multiprocessing
 import pstats
+import threading
+import time
 from typing import Any
 
 import redis
@@ -64,6 +74,126 @@ def _report(title: str, profile: cProfile.Profile, ops: int) -> None:
     print(f"## {title}: {total / ops * 1e6:.0f} us per op under the profiler")
     for label, seconds in by.most_common():
         print(f"  {label:40s} {seconds / ops * 1e6:7.1f} us {seconds / total:6.1%}")
+
+
+def _handoff_worker(url: str, start_at: float, seconds: float, out: Any) -> None:
+    """One hand-off process: (acquisitions, s of CPU in acquire(), s in release())."""
+    lock = fencelock.Lock(url, "layers:handoff-p", ttl=10, wait=10.0)
+    lock.acquire(wait=10.0).release()
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    n, in_acquire, in_release = 0, 0.0, 0.0
+    try:
+        while time.monotonic() < start_at + seconds:
+            c0 = time.thread_time()
+            lease = lock.acquire()
+            c1 = time.thread_time()
+            time.sleep(0.001)
+            c2 = time.thread_time()
+            lease.release()
+            in_acquire += c1 - c0
+            in_release += time.thread_time() - c2
+            n += 1
+    finally:
+        lock.close()
+    out.put((n, in_acquire, in_release))
+
+
+def _handoff_processes(url: str, seconds: float, workers: int = 8) -> None:
+    """The bench's hand-off in processes, unprofiled: CPU per acquisition by phase."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    start_at = time.monotonic() + 3.0  # spawned interpreters import fencelock first
+    procs = [
+        context.Process(target=_handoff_worker, args=(url, start_at, seconds, out))
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        results = [out.get(timeout=seconds + 60) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+    ops = sum(r[0] for r in results)
+    print(
+        f"## hand-off, {workers} processes, no profiler: {ops / seconds:.0f} acquisitions/s; "
+        f"CPU per acquisition: acquire() {sum(r[1] for r in results) / ops * 1e6:.1f} us, "
+        f"release() {sum(r[2] for r in results) / ops * 1e6:.1f} us"
+    )
+
+
+def _handoff(url: str, seconds: float, workers: int = 8, profiled: bool = True) -> None:
+    """The bench's hand-off in threads, each profiled; CPU per phase from thread_time."""
+    profiles = [cProfile.Profile() for _ in range(workers)]
+    counts = [0] * workers
+    cpu = [[0.0, 0.0] for _ in range(workers)]  # acquire, release (s of thread CPU)
+    start_at = time.monotonic() + 0.5
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        lock = fencelock.Lock(url, "layers:handoff", ttl=10, wait=10.0)
+        lock.acquire(wait=10.0).release()  # connect and load the scripts before the clock
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        profile = profiles[index]
+        try:
+            if profiled:
+                profile.enable()
+            while time.monotonic() < start_at + seconds:
+                c0 = time.thread_time()
+                lease = lock.acquire()
+                c1 = time.thread_time()
+                time.sleep(0.001)
+                c2 = time.thread_time()
+                lease.release()
+                c3 = time.thread_time()
+                cpu[index][0] += c1 - c0
+                cpu[index][1] += c3 - c2
+                counts[index] += 1
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            profile.disable()
+            lock.close()
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=seconds + 30)
+    if errors:
+        raise errors[0]
+    ops = sum(counts)
+    if not profiled:
+        print(
+            f"## hand-off, {workers} threads, no profiler: {ops / seconds:.0f} acquisitions/s; "
+            f"thread CPU per acquisition: acquire() {sum(c[0] for c in cpu) / ops * 1e6:.1f} us, "
+            f"release() {sum(c[1] for c in cpu) / ops * 1e6:.1f} us"
+        )
+        return
+    merged: Any = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        merged.add(profile)
+    by: collections.Counter[str] = collections.Counter()
+    waited = 0.0
+    for where, (_, _, own, _, _) in merged.stats.items():
+        if where[0] == "~" and ("sleep" in where[2] or "poll" in where[2]):
+            waited += own
+            continue
+        by[_layer(where)] += own
+    total = sum(by.values())
+    print(
+        f"## hand-off, {workers} threads, 1 ms of work: {ops / seconds:.0f} acquisitions/s "
+        f"under the profiler; {total / ops * 1e6:.0f} us per acquisition of profiled time "
+        f"besides sleeping and waiting in poll ({waited / ops * 1e6:.0f} us)"
+    )
+    for label, spent in by.most_common():
+        print(f"  {label:40s} {spent / ops * 1e6:7.1f} us {spent / total:6.1%}")
+    acquire_cpu = sum(c[0] for c in cpu) / ops * 1e6
+    release_cpu = sum(c[1] for c in cpu) / ops * 1e6
+    print(
+        f"  thread CPU per acquisition: acquire() {acquire_cpu:.1f} us, "
+        f"release() {release_cpu:.1f} us (under the profiler)"
+    )
 
 
 def _sync_paths(urls: list[str], cycles: int) -> None:
@@ -127,11 +257,17 @@ async def _one_task(url: str, cycles: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=4000, help="acquire+release cycles per path")
+    parser.add_argument("--handoff-s", type=float, default=5.0, help="seconds of hand-off")
+    parser.add_argument("--only-handoff", action="store_true", help="run the hand-off case only")
     args = parser.parse_args()
     with ServerGroup(5) as group:
         urls = list(group.urls)
-        _sync_paths(urls, args.cycles)
-        asyncio.run(_one_task(urls[0], args.cycles))
+        if not args.only_handoff:
+            _sync_paths(urls, args.cycles)
+            asyncio.run(_one_task(urls[0], args.cycles))
+        _handoff_processes(urls[0], args.handoff_s)
+        _handoff(urls[0], args.handoff_s, profiled=False)
+        _handoff(urls[0], args.handoff_s)
 
 
 if __name__ == "__main__":

@@ -434,7 +434,8 @@ def _handoff(peer: Peer, url: str, duration_s: float) -> dict[str, Any]:
     assert peer.handoff is not None
     key = f"peers:handoff:{secrets.token_hex(4)}"
     pairs = [peer.handoff(url, key) for _ in range(WORKERS)]
-    results: list[list[tuple[float, float, float]]] = [[] for _ in range(WORKERS)]
+    # the bench's record shape: (called, acquired, releasing, claim round trips; -1: unknown)
+    results: list[list[tuple[float, float, float, int]]] = [[] for _ in range(WORKERS)]
     errors: list[BaseException] = []
     start_at = time.monotonic() + 0.2
 
@@ -447,8 +448,9 @@ def _handoff(peer: Peer, url: str, duration_s: float) -> dict[str, Any]:
                 held = acquire()
                 got = time.monotonic()
                 time.sleep(0.001)
+                releasing = time.monotonic()  # stamped before the release, as the bench does
                 release(held)
-                results[index].append((called, got, time.monotonic()))
+                results[index].append((called, got, releasing, -1))
         except BaseException as exc:
             errors.append(exc)
 

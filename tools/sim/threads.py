@@ -767,7 +767,6 @@ def patched_sync(hub: ThreadHub) -> Iterator[None]:
     put(connection, "select", select_)
     put(connection, "selectors", selectors_)
     put(driver, "select", select_)
-    put(driver, "selectors", selectors_)
     put(driver, "_local", threading.local())  # each schedule's threads make their pollers
     put(background, "socket", sockets)
     put(background, "selectors", selectors_)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import select
-import selectors
 import threading
 import time
 from collections.abc import Callable
@@ -56,7 +55,7 @@ from .._engine.wire import (
 )
 from .._scripts import Script
 from .background import Straggler, background, heard_late
-from .connection import Connection, Stopped
+from .connection import POLL_MASKS, Connection, Stopped
 
 T = TypeVar("T")
 
@@ -188,17 +187,8 @@ class _Poller:
         return [fd for fd, _ in self._poll.poll(math.ceil(timeout_s * 1000.0))]
 
 
-def _mask(events: int) -> int:
-    mask = 0
-    if events & selectors.EVENT_READ:
-        mask |= select.POLLIN
-    if events & selectors.EVENT_WRITE:
-        mask |= select.POLLOUT
-    return mask
-
-
 #: poll masks by selector events (READ, WRITE or both), looked up once per call
-_MASKS: dict[int, int] = {events: _mask(events) for events in range(4)}
+_MASKS = POLL_MASKS
 
 
 _local = threading.local()
