@@ -58,11 +58,7 @@ KIND = "fork_client"
 
 #: The modules whose ``_after_fork_in_child`` the library registers with
 #: ``os.register_at_fork`` (``tests/sim/test_fork.py`` checks the list covers every one).
-AT_FORK_MODULES = (
-    "fencelock._engine.registry",
-    "fencelock._async.connection",
-    "fencelock._frontend.holder",  # the unused tokens (the simulation's pool is always empty)
-)
+AT_FORK_MODULES = ("fencelock._engine.registry", "fencelock._async.connection")
 
 #: The first simulated pid (the host's own pid is the "" process's).
 FIRST_PID = 4000

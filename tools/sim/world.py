@@ -1132,26 +1132,6 @@ def seeded_tokens(rng: random.Random) -> Callable[[int], str]:
     return token_hex
 
 
-def _seeded_new_token() -> Callable[[], None]:
-    """The library's tokens from the seeded ``secrets.token_hex`` installed just before, one
-    per call as before it read the OS in pools: its pool is kept empty, so every
-    ``new_token()`` asks ``_refill``, which asks the seeded source. Returns the undo."""
-    from fencelock._frontend import holder
-
-    saved_tokens, saved_refill = holder._tokens, holder._refill
-    holder._tokens = []  # never filled: list.pop raises, new_token() calls _refill
-
-    def refill() -> str:
-        return secrets.token_hex(holder.TOKEN_BYTES)
-
-    holder._refill = refill  # type: ignore[assignment]
-
-    def undo() -> None:
-        holder._tokens, holder._refill = saved_tokens, saved_refill  # type: ignore[assignment]
-
-    return undo
-
-
 def _token_of(value: Any) -> Any:
     """The token in a lock key's value (``lock_value.lua``: the token, then byte 255 and the
     holder info); anything else as it is."""
@@ -1209,7 +1189,6 @@ def run_schedule(
     state = random.getstate()
     random.seed(seed)
     secrets.token_hex = seeded_tokens(random.Random(seed ^ 0x5EED))  # type: ignore[assignment]
-    undo_tokens = _seeded_new_token()
     reset_engine()
     from fencelock._async import driver
 
@@ -1229,7 +1208,6 @@ def run_schedule(
         for undo in reversed(world.cleanups):
             undo()
         driver.background = saved_background  # type: ignore[assignment]
-        undo_tokens()
         secrets.token_hex = saved_hex  # type: ignore[assignment]
         random.setstate(state)
         for loop in world.loops:
