@@ -76,12 +76,15 @@ def _report(title: str, profile: cProfile.Profile, ops: int) -> None:
         print(f"  {label:40s} {seconds / ops * 1e6:7.1f} us {seconds / total:6.1%}")
 
 
-def _handoff_worker(url: str, start_at: float, seconds: float, out: Any) -> None:
-    """One hand-off process: (acquisitions, s of CPU in acquire(), s in release())."""
-    lock = fencelock.Lock(url, "layers:handoff-p", ttl=10, wait=10.0)
-    lock.acquire(wait=10.0).release()
+def _handoff_loop(
+    lock: fencelock.Lock, start_at: float, seconds: float, profile: cProfile.Profile | None = None
+) -> tuple[int, float, float]:
+    """One worker from ``start_at`` for ``seconds``: acquire, 1 ms of work, release; returns
+    (acquisitions, s of this thread's CPU in acquire(), s in release())."""
     time.sleep(max(0.0, start_at - time.monotonic()))
     n, in_acquire, in_release = 0, 0.0, 0.0
+    if profile is not None:
+        profile.enable()
     try:
         while time.monotonic() < start_at + seconds:
             c0 = time.thread_time()
@@ -94,8 +97,19 @@ def _handoff_worker(url: str, start_at: float, seconds: float, out: Any) -> None
             in_release += time.thread_time() - c2
             n += 1
     finally:
+        if profile is not None:
+            profile.disable()
+    return n, in_acquire, in_release
+
+
+def _handoff_worker(url: str, start_at: float, seconds: float, out: Any) -> None:
+    """One hand-off process; puts what :func:`_handoff_loop` returns on ``out``."""
+    lock = fencelock.Lock(url, "layers:handoff-p", ttl=10, wait=10.0)
+    try:
+        lock.acquire(wait=10.0).release()  # connect and load the scripts before the clock
+        out.put(_handoff_loop(lock, start_at, seconds))
+    finally:
         lock.close()
-    out.put((n, in_acquire, in_release))
 
 
 def _handoff_processes(url: str, seconds: float, workers: int = 8) -> None:
@@ -123,36 +137,21 @@ def _handoff_processes(url: str, seconds: float, workers: int = 8) -> None:
 
 
 def _handoff(url: str, seconds: float, workers: int = 8, profiled: bool = True) -> None:
-    """The bench's hand-off in threads, each profiled; CPU per phase from thread_time."""
+    """The bench's hand-off in threads (each with a profiler of its own when ``profiled``)."""
     profiles = [cProfile.Profile() for _ in range(workers)]
-    counts = [0] * workers
-    cpu = [[0.0, 0.0] for _ in range(workers)]  # acquire, release (s of thread CPU)
+    results: list[tuple[int, float, float]] = [(0, 0.0, 0.0)] * workers
     start_at = time.monotonic() + 0.5
     errors: list[BaseException] = []
 
     def work(index: int) -> None:
         lock = fencelock.Lock(url, "layers:handoff", ttl=10, wait=10.0)
-        lock.acquire(wait=10.0).release()  # connect and load the scripts before the clock
-        time.sleep(max(0.0, start_at - time.monotonic()))
-        profile = profiles[index]
         try:
-            if profiled:
-                profile.enable()
-            while time.monotonic() < start_at + seconds:
-                c0 = time.thread_time()
-                lease = lock.acquire()
-                c1 = time.thread_time()
-                time.sleep(0.001)
-                c2 = time.thread_time()
-                lease.release()
-                c3 = time.thread_time()
-                cpu[index][0] += c1 - c0
-                cpu[index][1] += c3 - c2
-                counts[index] += 1
+            lock.acquire(wait=10.0).release()  # connect and load the scripts before the clock
+            profile = profiles[index] if profiled else None
+            results[index] = _handoff_loop(lock, start_at, seconds, profile)
         except BaseException as exc:
             errors.append(exc)
         finally:
-            profile.disable()
             lock.close()
 
     threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
@@ -162,12 +161,14 @@ def _handoff(url: str, seconds: float, workers: int = 8, profiled: bool = True) 
         thread.join(timeout=seconds + 30)
     if errors:
         raise errors[0]
-    ops = sum(counts)
+    ops = sum(r[0] for r in results)
+    acquire_cpu = sum(r[1] for r in results) / ops * 1e6
+    release_cpu = sum(r[2] for r in results) / ops * 1e6
     if not profiled:
         print(
             f"## hand-off, {workers} threads, no profiler: {ops / seconds:.0f} acquisitions/s; "
-            f"thread CPU per acquisition: acquire() {sum(c[0] for c in cpu) / ops * 1e6:.1f} us, "
-            f"release() {sum(c[1] for c in cpu) / ops * 1e6:.1f} us"
+            f"thread CPU per acquisition: acquire() {acquire_cpu:.1f} us, "
+            f"release() {release_cpu:.1f} us"
         )
         return
     merged: Any = pstats.Stats(profiles[0])
@@ -188,8 +189,6 @@ def _handoff(url: str, seconds: float, workers: int = 8, profiled: bool = True) 
     )
     for label, spent in by.most_common():
         print(f"  {label:40s} {spent / ops * 1e6:7.1f} us {spent / total:6.1%}")
-    acquire_cpu = sum(c[0] for c in cpu) / ops * 1e6
-    release_cpu = sum(c[1] for c in cpu) / ops * 1e6
     print(
         f"  thread CPU per acquisition: acquire() {acquire_cpu:.1f} us, "
         f"release() {release_cpu:.1f} us (under the profiler)"
