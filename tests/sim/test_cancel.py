@@ -24,13 +24,11 @@ import subprocess
 
 import pytest
 
-from tests.sim.test_simulation import SIMULATE, _env
+from tests.sim.simulate_cli import simulate
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SIMULATE, "--replay", *args], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    return simulate("--replay", *args)
 
 
 @pytest.mark.parametrize(

@@ -12,14 +12,11 @@ task takes the lock while that lease is valid.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SIMULATE = [sys.executable, str(ROOT / "tools" / "simulate.py")]
+from tests.sim.simulate_cli import ROOT, simulate
 
 #: Seed 11 with --compat: ("compat",) on one server; c0/j1/t0's release at 19.4334 is refused
 #: (its lease ran out) and it is granted compat:k0 again 3 ms later under the same token.
@@ -27,9 +24,7 @@ SEED = 11
 
 
 def _run(*flags: str, src: Path = ROOT / "src") -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(src), str(ROOT)])
-    return subprocess.run([*SIMULATE, *flags], capture_output=True, text=True, timeout=180, env=env)
+    return simulate(*flags, timeout=180, src=src)
 
 
 def _refused_then_granted(trace: str) -> list[tuple[str, float, float]]:

@@ -8,34 +8,21 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.sim.simulate_cli import ROOT, simulate
 from tools.sim.exhaustive import Point, choices_text, next_tape, parse_choices
 from tools.sim.mutants import MUTANTS, _copy_source, apply
 
-ROOT = Path(__file__).resolve().parents[2]
-SIMULATE = [sys.executable, str(ROOT / "tools" / "simulate.py")]
 #: the mutant's bound: the first 20 choice points of the Lock's flow, two non-default choices
 MUTANT_BOUND = ["--flows", "lock", "--deviations", "2", "--depth", "20"]
 
 
 def _run(src: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(src), str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [*SIMULATE, "--exhaustive", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
-        check=False,
-    )
+    return simulate("--exhaustive", *args, timeout=300, src=src)
 
 
 def _walk(shape: tuple[int, ...], deviations: int) -> list[tuple[int, ...]]:

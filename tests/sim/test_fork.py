@@ -17,7 +17,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.sim.test_simulation import ROOT, SIMULATE, _env
+from tests.sim.simulate_cli import ROOT, simulate
 from tools.sim.checkers import no_foreign_lease_use, violations
 from tools.sim.fork import AT_FORK_MODULES
 from tools.sim.mutants import MUTANTS, _copy_source, apply, run_clean, run_source, verdict
@@ -25,9 +25,7 @@ from tools.sim.world import History
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SIMULATE, "--replay", *args], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    return simulate("--replay", *args)
 
 
 def test_a_fork_schedule_replays_byte_for_byte_and_clean() -> None:
@@ -108,13 +106,9 @@ def test_a_fork_violation_shrinks_to_the_fork_and_replays(tmp_path: Path) -> Non
     mutant = next(m for m in MUTANTS if m.name == "fork-renewals-re-armed")
     src = _copy_source(tmp_path)
     apply(mutant, src)
-    env = _env()
-    env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
     html = tmp_path / "2.html"
     args = ["--replay", "2", "--fork", "--shrink", "--shrink-runs", "60", "--html", str(html)]
-    run = subprocess.run(
-        [*SIMULATE, *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
-    )
+    run = simulate(*args, timeout=300, src=src)
     assert run.returncode == 1, run.stdout[-3000:]
     last = run.stdout.splitlines()[-2]
     found = re.match(
@@ -124,9 +118,7 @@ def test_a_fork_violation_shrinks_to_the_fork_and_replays(tmp_path: Path) -> Non
     )
     assert found, last
     replay = found.group(1).split()
-    again = subprocess.run(
-        [*SIMULATE, *replay], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
-    )
+    again = simulate(*replay, src=src)
     assert again.returncode == 1 and "VIOLATION no_foreign_lease_use" in again.stdout
     assert again.stdout.splitlines()[0].endswith("#2 fork_client at 2.6742")
     clean = _replay(*replay[1:])

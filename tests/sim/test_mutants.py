@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.simulate_cli import simulate
 from tools.sim.mutants import (
     MUTANTS,
     PENDING,
@@ -161,11 +162,7 @@ def test_the_clean_seed_can_be_given_and_defaults_to_the_seed() -> None:
     default = _stubbed_check("--json")
     assert json.loads(default.stdout.splitlines()[0])["seeds"] == [1, 2]
     assert "with --cancel" not in default.stderr
-    refused = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "simulate.py"), "--clean-seed", "random"],
-        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+    refused = simulate("--clean-seed", "random", timeout=60)
     assert refused.returncode == 2 and "--clean-seed goes with --mutants" in refused.stderr
 
 
@@ -178,14 +175,7 @@ def test_a_writer_granted_after_a_refusal_leaves_no_intent_behind(tmp_path: Path
     for name, src in (("today", ROOT / "src"), ("mutant", _copy_source(tmp_path))):
         if name == "mutant":
             apply(next(m for m in MUTANTS if m.name == "rw-first-attempt-marked"), src)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
-        runs[name] = subprocess.run(
-            [sys.executable, str(ROOT / "tools" / "simulate.py"), "--replay", "316"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        runs[name] = simulate("--replay", "316", src=src, timeout=180)
     assert runs["today"].returncode == 0, runs["today"].stdout[-3000:]
     assert "granted rw0 (write)" in runs["today"].stdout
     assert runs["mutant"].returncode == 1, runs["mutant"].stdout[-3000:]

@@ -9,29 +9,17 @@ holder, a second task sharing the lease is).
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SIMULATE = [sys.executable, str(ROOT / "tools" / "simulate.py")]
-
-
-def _env(src: Path = ROOT / "src") -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(src), str(ROOT)])
-    return env
+from tests.sim.simulate_cli import ROOT, simulate
 
 
 def _replay(seed: int, *flags: str, src: Path = ROOT / "src") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SIMULATE, "--replay", str(seed), *flags],
-        capture_output=True, text=True, timeout=180, env=_env(src),
-    )  # fmt: skip
+    return simulate("--replay", str(seed), *flags, timeout=180, src=src)
 
 
 @pytest.mark.parametrize(
@@ -101,10 +89,9 @@ def test_a_reentrancy_shared_by_the_tasks_of_a_process_is_caught(tmp_path: Path)
 def test_a_search_with_the_flag_lists_the_kinds_it_draws() -> None:
     import json
 
-    run = subprocess.run(
-        [*SIMULATE, "--seconds", "30", "--seed", "21", "--max-schedules", "1",
-         "--reentrant-hold", "--json"],
-        capture_output=True, text=True, timeout=180, env=_env(),
+    run = simulate(
+        "--seconds", "30", "--seed", "21", "--max-schedules", "1", "--reentrant-hold", "--json",
+        timeout=180,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:]
     report = json.loads(run.stdout)

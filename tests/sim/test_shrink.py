@@ -13,22 +13,20 @@ The simulation runs in a subprocess whose PYTHONPATH puts the mutated copy of ``
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tools.sim.mutants import MUTANTS, ROOT, _copy_source, apply
+from tests.sim.simulate_cli import simulate
+from tools.sim.mutants import MUTANTS, _copy_source, apply
 from tools.sim.shrink import Plan, apply_plan, measure, shrink
 from tools.sim.timeline import marks_of
 from tools.sim.world import Config
 
-SIMULATE = [sys.executable, str(ROOT / "tools" / "simulate.py")]
 MUTANT, SEED, PROPERTY = "new-loop-identity-skip", 116, "mutual_exclusion"
 SUMMARY = re.compile(
     r"^shrunk seed (\d+) \((\w+)\): faults (\d+) -> (\d+), steps (\d+) -> (\d+) "
@@ -45,10 +43,7 @@ def mutated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _simulate(src: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
-    return subprocess.run(
-        [*SIMULATE, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
+    return simulate(*args, timeout=600, src=src)
 
 
 @pytest.fixture(scope="module")

@@ -20,25 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.sim.simulate_cli import sim_env, simulate
 from tools.sim.checkers import fence_order, mutual_exclusion, no_ghost_key, violations
 from tools.sim.world import Grant, History
-
-ROOT = Path(__file__).resolve().parents[2]
-SIMULATE = [sys.executable, str(ROOT / "tools" / "simulate.py")]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    return env
 
 
 def test_mutual_exclusion_fires_on_two_overlapping_leases() -> None:
@@ -73,22 +62,14 @@ def test_no_ghost_key_and_the_rest_report_what_the_world_recorded() -> None:
 
 
 def test_a_seed_replays_byte_for_byte() -> None:
-    runs = [
-        subprocess.run(
-            [*SIMULATE, "--replay", "140"], capture_output=True, text=True, timeout=120, env=_env()
-        )
-        for _ in range(2)
-    ]
+    runs = [simulate("--replay", "140") for _ in range(2)]
     assert runs[0].stdout == runs[1].stdout
     assert "steps" in runs[0].stdout and runs[0].stdout.count("\n") > 10
 
 
 @pytest.mark.parametrize("seed", [144, 456, 807, 51119, 205015, 13004455])
 def test_a_seed_that_found_a_ghost_key_runs_clean(seed: int) -> None:
-    run = subprocess.run(
-        [*SIMULATE, "--replay", str(seed), "--no-cancel"],  # (the schedule that found it)
-        capture_output=True, text=True, timeout=120, env=_env(),
-    )  # fmt: skip
+    run = simulate("--replay", str(seed), "--no-cancel")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
 
@@ -104,11 +85,7 @@ def test_a_stragglers_task_cancelled_before_the_loop_guard_still_has_its_grant_r
     flags = ["--cancel", "--fork", "--store", "--reentrant-hold"]
     outs = []
     for hash_seed in ("0", "1"):
-        run = subprocess.run(
-            [*SIMULATE, "--replay", "742338133", *flags],
-            capture_output=True, text=True, timeout=120,
-            env=_env() | {"PYTHONHASHSEED": hash_seed},
-        )  # fmt: skip
+        run = simulate("--replay", "742338133", *flags, env=sim_env(PYTHONHASHSEED=hash_seed))
         assert run.returncode == 0, run.stdout[-3000:]
         assert "VIOLATION" not in run.stdout
         outs.append(run.stdout)
@@ -123,10 +100,7 @@ def test_the_background_repeats_a_release_once_more_as_the_real_thread_does() ->
     library's, and the key is released. (Since N-server grants skip their fence commit when a
     majority agrees, the seed's schedule goes another way: each repeat it makes is checked
     to come twice, 50 ms apart.)"""
-    run = subprocess.run(
-        [*SIMULATE, "--replay", "51119", "--no-cancel"],
-        capture_output=True, text=True, timeout=120, env=_env(),
-    )  # fmt: skip
+    run = simulate("--replay", "51119", "--no-cancel")
     line = r"^ +(\d+\.\d{4}) background repeat of release on (sim\d)$"
     repeats = re.findall(line, run.stdout, re.M)
     assert repeats
@@ -137,9 +111,7 @@ def test_the_background_repeats_a_release_once_more_as_the_real_thread_does() ->
 
 
 def test_a_seed_that_found_a_permit_returned_after_its_stray_release_runs_clean() -> None:
-    run = subprocess.run(
-        [*SIMULATE, "--replay", "51656"], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    run = simulate("--replay", "51656")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
     # (the schedule stopped c1/j2 in its stray release round; since a won permit round hears
@@ -158,10 +130,7 @@ def test_a_seed_that_found_a_permit_returned_after_its_stray_release_runs_clean(
 def test_a_seed_that_found_an_extend_racing_a_renewal_runs_clean(
     seed: int, flags: list[str]
 ) -> None:
-    run = subprocess.run(
-        [*SIMULATE, "--replay", str(seed), *flags, "--no-cancel"],
-        capture_output=True, text=True, timeout=120, env=_env(),
-    )  # fmt: skip
+    run = simulate("--replay", str(seed), *flags, "--no-cancel")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
 
@@ -176,18 +145,13 @@ def test_a_lasting_split_is_resolved_and_first_free_alone_is_refused(
     semaphore-fixed-first-slot) splits on every attempt and is refused: permit_when_free."""
     from tools.sim.mutants import MUTANTS, _copy_source, apply
 
-    run = subprocess.run(
-        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    run = simulate("--replay", str(seed))
     assert run.returncode == 0, run.stdout[-3000:]
     for text in ("lasting split", "lose request", "kill client process sx", "sq/split granted"):
         assert text in run.stdout
     src = _copy_source(tmp_path)
     apply(next(m for m in MUTANTS if m.name == "semaphore-fixed-first-slot"), src)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
-    mutated = subprocess.run(
-        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=env
-    )
+    mutated = simulate("--replay", str(seed), src=src)
     assert mutated.returncode == 1
     assert "VIOLATION permit_when_free: sq/split was refused" in mutated.stdout
 
@@ -197,10 +161,7 @@ def test_a_release_cancelled_twice_is_repeated_in_the_background() -> None:
     round then cancelled again as its job's loop closed (asyncio.run()'s end), left the key
     on 4 of 5 servers until its TTL: the interrupted round's unanswered servers are now
     repeated in the background (confirmed_release_applied)."""
-    run = subprocess.run(
-        [*SIMULATE, "--replay", "7001075", "--cancel", "--fork"],
-        capture_output=True, text=True, timeout=120, env=_env(),
-    )  # fmt: skip
+    run = simulate("--replay", "7001075", "--cancel", "--fork")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
 
@@ -214,25 +175,17 @@ def test_a_loss_reported_while_a_majority_held_the_lease_is_dishonest(tmp_path: 
     schedules again.)"""
     from tools.sim.mutants import MUTANTS, _copy_source, apply
 
-    run = subprocess.run(
-        [*SIMULATE, "--replay", "57"], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    run = simulate("--replay", "57")
     assert run.returncode == 0, run.stdout[-3000:]
     src = _copy_source(tmp_path)
     apply(next(m for m in MUTANTS if m.name == "extend-lost-on-one-refusal"), src)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
-    mutated = subprocess.run(
-        [*SIMULATE, "--replay", "57"], capture_output=True, text=True, timeout=120, env=env
-    )
+    mutated = simulate("--replay", "57", src=src)
     assert mutated.returncode == 1
     assert "VIOLATION honest_loss: c3/j0/t0's lease on k0 reported lost" in mutated.stdout
 
 
 def test_a_short_search_prints_the_contract_json_and_finds_nothing() -> None:
-    run = subprocess.run(
-        [*SIMULATE, "--seconds", "5", "--seed", "1000", "--json"],
-        capture_output=True, text=True, timeout=120, env=_env(),
-    )  # fmt: skip
+    run = simulate("--seconds", "5", "--seed", "1000", "--json")
     report = json.loads(run.stdout)
     for field in ("schedules", "schedules_per_s", "steps", "steps_per_s", "seeds", "faults",
                   "properties", "primitives", "violations", "mutants"):  # fmt: skip
@@ -248,9 +201,7 @@ def test_a_short_search_prints_the_contract_json_and_finds_nothing() -> None:
 )  # fmt: skip
 def test_a_seed_of_each_new_primitive_runs_clean(seed: int, kinds: list[str]) -> None:
     """RWLock readers and writers (26), an election's terms (11), the fair lock (7)."""
-    run = subprocess.run(
-        [*SIMULATE, "--replay", str(seed)], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    run = simulate("--replay", str(seed))
     assert run.returncode == 0, run.stdout[-3000:]
     assert "VIOLATION" not in run.stdout
     for kind in kinds:
@@ -264,10 +215,7 @@ def test_a_hand_over_claimed_after_a_pause_counts_a_wiped_restart_from_its_ask()
     pause (3.77), valid until 3.98 from the server's grant. The key it counts on was written
     before the wipe: the documented limit of a wiped restart (one server), which
     ``lease_within_keys`` excuses from the grant's ask, not only from its claim."""
-    run = subprocess.run(
-        [*SIMULATE, "--replay", "12002425", "--cancel", "--fork", "--store", "--reentrant-hold"],
-        capture_output=True, text=True, timeout=120, env=_env(),
-    )  # fmt: skip
+    run = simulate("--replay", "12002425", "--cancel", "--fork", "--store", "--reentrant-hold")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "crash sim0 (wiped)" in run.stdout
     assert "c0/j0/t0 granted k0 fence 1000660089 until 3.9793" in run.stdout
@@ -319,9 +267,7 @@ def test_a_writer_granted_by_a_majority_leaves_no_intent_on_the_others() -> None
     servers while two still held the last writer's key (its release not there yet) left their
     intent markers on those two, and three servers so marked refused a reader for its whole
     1.5 s wait on a free lock. The writer's release clears its own markers now."""
-    run = subprocess.run(
-        [*SIMULATE, "--replay", "336"], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    run = simulate("--replay", "336")
     assert run.returncode == 0, run.stdout[-3000:]
     assert "faults {}" in run.stdout
     assert "c1/j0/t1 granted rw0 (read)" in run.stdout

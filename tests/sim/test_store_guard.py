@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 
-from tests.sim.test_simulation import ROOT, SIMULATE, _env
+from tests.sim.simulate_cli import ROOT, sim_env, simulate
 from tools.sim.store import StoreWrite, guard_refuses_older_writer
 from tools.sim.world import Grant, History
 
@@ -22,9 +22,7 @@ STORE_LINE = re.compile(r"^\s*[\d.]+ store: |^store: ")
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SIMULATE, "--replay", *args], capture_output=True, text=True, timeout=120, env=_env()
-    )
+    return simulate("--replay", *args)
 
 
 def test_the_store_refuses_the_older_writer_of_two_overlapping_leases() -> None:
@@ -67,13 +65,12 @@ def test_a_guard_that_accepts_every_write_is_caught() -> None:
         "import tools.simulate as s\n"
         "sys.exit(s.main(['--replay', '44', '--store']))\n"
     )
-    env = dict(_env(), PYTHONHASHSEED="0")
     run = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env=sim_env(PYTHONHASHSEED="0"),
         cwd=ROOT,
     )
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]

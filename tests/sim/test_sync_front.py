@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.test_simulation import SIMULATE, _env
+from tests.sim.simulate_cli import simulate
 from tools.sim.mutants import MUTANTS, Mutant, _copy_source, apply, run_source, verdict
 
 SYNC = ("--front", "sync")
@@ -29,13 +29,7 @@ SKIP_INTERRUPT_CLEANUP = Mutant(
 
 
 def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*SIMULATE, "--replay", *args, *SYNC],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=_env(),
-    )
+    return simulate("--replay", *args, *SYNC, timeout=180)
 
 
 def test_a_sync_schedule_replays_byte_for_byte_and_clean() -> None:
@@ -84,9 +78,7 @@ def test_interrupts_are_planned_apart_from_the_other_faults() -> None:
     """The interrupts come after the other faults in the plan, from a stream of their own:
     seed 5's other faults are those of its asyncio schedule, at the same times."""
     sync = _replay("5").stdout.splitlines()[0]
-    asyncio = subprocess.run(
-        [*SIMULATE, "--replay", "5"], capture_output=True, text=True, timeout=180, env=_env()
-    ).stdout.splitlines()[0]
+    asyncio = simulate("--replay", "5", timeout=180).stdout.splitlines()[0]
     assert "interrupt" not in asyncio
     assert sync.startswith(asyncio.rstrip() + ", #2 interrupt at "), (sync, asyncio)
 
