@@ -66,10 +66,11 @@ def test_without_cancel_the_other_faults_are_as_they_were() -> None:
 
 def test_a_cancelled_acquire_leaves_no_key_behind_seed_50987() -> None:
     run = _replay("50987", "--cancel")
-    # the seed's cancellations still hit an acquire and a round in flight; where they land
-    # moves with the driver's timers (an acquire's round once; since the asyncio connection
-    # writes a request alone at once, the acquire while it waits and a release mid-round)
+    # the seed's first cancellation still hits an acquire in flight; where they land moves
+    # with the driver's timers (an acquire's round once; since the asyncio connection writes a
+    # request alone at once, the acquire while it waits and a release mid-round; since the
+    # simulation's background double delivers at once what its repeats wake, the second one,
+    # at 5.0568, finds no task awaiting anything)
     assert re.search(r"cancel c\d/j\d/t\d \(acquire lock\) at driver\.py:\d+ _pause", run.stdout)
-    assert re.search(r"cancel c\d/j\d/t\d \(release\) at driver\.py:\d+ _collect", run.stdout)
     assert "VIOLATION" not in run.stdout, run.stdout[-2000:]
     assert run.returncode == 0

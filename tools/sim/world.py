@@ -1085,6 +1085,12 @@ class SimBackground:
                     session.feed(payload)
                     session.take_output()
                     session.close()
+                    # what the script woke (a waiter's blocked BLPOP / BLMOVE on another
+                    # connection) is answered now, as a server writes it at once: unflushed,
+                    # it waited for the next request to that server (seed 999001421: a fair
+                    # waiter's wake-up held 200 ms, until its pause timed out and made a
+                    # healthy server suspect)
+                    world._flush(i)
                     world.note(f"background repeat of {effect.script} on sim{i}")
                     # as the real thread (_sync/background.py, _LateBatch): sent once more
                     # LATE_AGAIN_S after its first answer (seed 51119: a straggler's SET
