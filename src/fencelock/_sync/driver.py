@@ -174,10 +174,10 @@ class _Poller:
         self._poll = self.poll = select.poll()
 
     def register(self, fd: int, events: int) -> None:
-        self._poll.register(fd, _MASKS[events])
+        self._poll.register(fd, POLL_MASKS[events])
 
     def modify(self, fd: int, events: int) -> None:
-        self._poll.modify(fd, _MASKS[events])
+        self._poll.modify(fd, POLL_MASKS[events])
 
     def unregister(self, fd: int) -> None:
         self._poll.unregister(fd)
@@ -185,10 +185,6 @@ class _Poller:
     def select(self, timeout_s: float) -> list[int]:
         """Descriptors ready (or failed) within ``timeout_s`` seconds."""
         return [fd for fd, _ in self._poll.poll(math.ceil(timeout_s * 1000.0))]
-
-
-#: poll masks by selector events (READ, WRITE or both), looked up once per call
-_MASKS = POLL_MASKS
 
 
 _local = threading.local()
@@ -384,7 +380,7 @@ class Driver:
                 # a write failure is raised by advance()
                 conn.start(payload + tail if tail else payload, own)
                 fd = conn.fileno()
-                poll.register(fd, _MASKS[conn.events()])
+                poll.register(fd, POLL_MASKS[conn.events()])
                 open_[fd] = (index, server, conn, script, payload)
             while open_ and widened is None and not (stop is not None and stop(tally)):
                 timeout = deadline - time.monotonic()
@@ -404,7 +400,7 @@ class Driver:
                         self._broke(widened, widened.calls[fd], fd, exc)
                         break
                     if replies is None:
-                        poll.modify(fd, _MASKS[conn.events()])
+                        poll.modify(fd, POLL_MASKS[conn.events()])
                         continue
                     reply = replies[-own]
                     if isinstance(reply, ReplyError):  # NOSCRIPT, READONLY...: the full path
