@@ -1,6 +1,6 @@
 """What the fence costs by itself on the one-server path (issue 24's "what it would take").
 
-Dev tool (not part of the package). Three cycles, interleaved on one embedded server, each on
+Dev tool (not part of the package). Five cycles, interleaved on one embedded server, each on
 one reused connection:
 
 - ``raw``: the bench's baseline, ``SET NX PX`` then a compare-and-delete ``EVALSHA``;
@@ -8,7 +8,7 @@ one reused connection:
   server (one ``EVALSHA``: ``TIME``, ``SET NX PX``, ``SET F floor GET`` and the comparison;
   the fence register as fencelock keeps it), and the same compare-and-delete;
 - ``fencelock``: a reused ``fencelock.Lock``, ``acquire(wait=0)`` then ``release()``;
-- ``bare socket, raw fenced``: the ``raw fenced`` requests, encoded by hand and written to a
+- ``bare socket, raw fenced``: the ``raw fenced`` requests, encoded as RESP and written to a
   plain blocking socket (no client library): the floor of a fenced cycle's client;
 - ``bare socket, fencelock's scripts``: fencelock's own acquire and release scripts with the
   keys and arguments a ``Lock`` sends (its token, holder info, waiter fields), on the bare
@@ -27,22 +27,21 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-import redis
-
 import fencelock
+from fencelock._core.fencing import floor_step_us
+from fencelock._core.handover import offered_token
 from fencelock._core.release import release_args
+from fencelock._engine.resp import command
 from fencelock._frontend.holder import holder_info, new_token
 from fencelock._scripts import ACQUIRE
 from fencelock._scripts import RELEASE as LOCK_RELEASE
+from fencelock.cli.bench import Batch, _RawLock, _rotated, _timed
 from fencelock.testing import ServerGroup
 
-RELEASE = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
-)
 #: The least a fenced grant runs: the TIME floor, the lock, the register's swap, the compare.
 FENCED_ACQUIRE = """
 local now = redis.call('TIME')
@@ -59,46 +58,23 @@ return floor
 TTL_MS = 10_000
 
 
-def _command(*parts: str | int | bytes) -> bytes:
-    """One RESP request."""
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        data = part if isinstance(part, bytes) else str(part).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-def _bare(url: str) -> Callable[[bytes], bytes]:
-    """A blocking plain socket to ``url``: send one request, return its (one-packet) reply."""
+@contextmanager
+def _bare(url: str) -> Iterator[Callable[[bytes], bytes]]:
+    """A blocking plain socket to ``url`` (closed on exit): send one request, return its
+    (one-packet) reply."""
     parts = urlsplit(url)
-    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 5.0)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if parts.password:
-        user = parts.username or "default"
-        sock.sendall(_command("AUTH", user, parts.password))
-        if not sock.recv(1024).startswith(b"+OK"):
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 5.0) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def call(request: bytes) -> bytes:
+            sock.sendall(request)
+            return sock.recv(65536)
+
+        if parts.password and not call(
+            command("AUTH", parts.username or "default", parts.password)
+        ).startswith(b"+OK"):
             raise RuntimeError("AUTH refused")
-
-    def call(request: bytes) -> bytes:
-        sock.sendall(request)
-        return sock.recv(65536)
-
-    return call
-
-
-def _timed(cycle: Callable[[], None], batch_s: float) -> tuple[float, float]:
-    """ops/s and client CPU µs per cycle over about ``batch_s`` seconds."""
-    n = 0
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    end = t0 + batch_s
-    while True:
-        for _ in range(50):
-            cycle()
-        n += 50
-        if time.perf_counter() >= end:
-            break
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return n / wall, cpu / n * 1e6
+        yield call
 
 
 def main() -> None:
@@ -108,16 +84,10 @@ def main() -> None:
     args = parser.parse_args()
     with ServerGroup(1) as group:
         url = group.urls[0]
-        client = redis.Redis.from_url(url)
-        release = client.script_load(RELEASE)
+        base = _RawLock(url, "floor:raw")  # the bench's raw baseline, its client and script
+        client, release = base.client, base.sha
         fenced = client.script_load(FENCED_ACQUIRE)
         lock = fencelock.Lock(url, "floor:lock", ttl=TTL_MS / 1000)
-
-        def raw() -> None:
-            token = new_token()
-            if not client.set("floor:raw", token, nx=True, px=TTL_MS):
-                raise RuntimeError("raw key held")
-            client.evalsha(release, 1, "floor:raw", token)
 
         def raw_fenced() -> None:
             token = new_token()
@@ -128,56 +98,55 @@ def main() -> None:
         def ours() -> None:
             lock.acquire(wait=0).release()
 
-        bare = _bare(url)
-
-        def bare_fenced() -> None:
-            token = new_token()
-            if bare(_command("EVALSHA", fenced, 2, "floor:bare", "floor:bare:F", token, TTL_MS))[
-                :2
-            ] in (b":0", b"$-"):
-                raise RuntimeError("bare key held")
-            bare(_command("EVALSHA", release, 1, "floor:bare", token))
-
         plan = lock._definition.plan  # what the Lock sends, on a lock of its own
         keys = tuple(k.replace("{floor:lock}", "{floor:ours}") for k in plan.acquire_keys)
         rkeys = tuple(k.replace("{floor:lock}", "{floor:ours}") for k in plan.release_keys)
+        step = floor_step_us(plan.n, plan.restart_delay)
         client.script_load(ACQUIRE.source)
         client.script_load(LOCK_RELEASE.source)
-
-        def bare_ours() -> None:
-            token = new_token()
-            args = (token, plan.ttl_ms, holder_info(None), "0", "-", 0, plan.fence_retention_ms, 0)
-            reply = bare(_command("EVALSHA", ACQUIRE.sha, len(keys), *keys, *args))
-            if not reply.startswith(b"*2\r\n:1"):
-                raise RuntimeError(f"fencelock's acquire script: {reply!r}")
-            next_token = "h" + new_token()
-            rargs = release_args(plan, token, next_token=next_token)
-            bare(_command("EVALSHA", LOCK_RELEASE.sha, len(rkeys), *rkeys, *rargs))
-
-        cases = {
-            "raw": raw,
-            "raw fenced": raw_fenced,
-            "fencelock": ours,
-            "bare socket, raw fenced": bare_fenced,
-            "bare socket, fencelock's scripts": bare_ours,
-        }
-        results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        results: dict[str, list[Batch]] = {}
         try:
-            for cycle in cases.values():
-                _timed(cycle, 0.3)  # connect, load, warm up
-            names = list(cases)
-            for index in range(args.rounds):
-                order = names[index % len(names) :] + names[: index % len(names)]
-                for name in order:
-                    results[name].append(_timed(cases[name], args.batch_s))
+            with _bare(url) as bare:
+
+                def bare_fenced() -> None:
+                    token = new_token()
+                    keys_args = ("floor:bare", "floor:bare:F", token, TTL_MS)
+                    if bare(command("EVALSHA", fenced, 2, *keys_args))[:2] in (b":0", b"$-"):
+                        raise RuntimeError("bare key held")
+                    bare(command("EVALSHA", release, 1, "floor:bare", token))
+
+                def bare_ours() -> None:
+                    # the arguments attempt() sends for acquire(wait=0), and the release's
+                    token = new_token()
+                    args = (token, plan.ttl_ms, holder_info(None), "0", "-", 0,
+                            plan.fence_retention_ms, step)  # fmt: skip
+                    reply = bare(command("EVALSHA", ACQUIRE.sha, len(keys), *keys, *args))
+                    if not reply.startswith(b"*2\r\n:1"):
+                        raise RuntimeError(f"fencelock's acquire script: {reply!r}")
+                    rargs = release_args(plan, token, next_token=offered_token(plan, new_token))
+                    bare(command("EVALSHA", LOCK_RELEASE.sha, len(rkeys), *rkeys, *rargs))
+
+                cases = {
+                    "raw": base.cycle,
+                    "raw fenced": raw_fenced,
+                    "fencelock": ours,
+                    "bare socket, raw fenced": bare_fenced,
+                    "bare socket, fencelock's scripts": bare_ours,
+                }
+                results = {name: [] for name in cases}
+                for cycle in cases.values():
+                    _timed(cycle, 0.3)  # connect, load, warm up
+                for index in range(args.rounds):
+                    for name in _rotated(list(cases), index):
+                        results[name].append(_timed(cases[name], args.batch_s))
         finally:
             lock.close()
-            client.close()
-    ops = {name: statistics.median(r[0] for r in rs) for name, rs in results.items()}
-    cpu = {name: statistics.median(r[1] for r in rs) for name, rs in results.items()}
+            base.close()
+    ops = {name: statistics.median(b.ops_per_s for b in rs) for name, rs in results.items()}
+    cpu = {name: statistics.median(b.cpu_us_per_op for b in rs) for name, rs in results.items()}
     print("| cycle | ops/s | client CPU µs per cycle | ÷ raw | ÷ raw fenced |")
     print("|---|---|---|---|---|")
-    for name in cases:
+    for name in results:
         print(
             f"| {name} | {ops[name]:,.0f} | {cpu[name]:.0f} | {ops[name] / ops['raw']:.2f} "
             f"| {ops[name] / ops['raw fenced']:.2f} |"
