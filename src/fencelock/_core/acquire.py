@@ -516,7 +516,9 @@ def acquire(
         )
         if result.grant is not None:
             grant = replace(result.grant, after_wake=1) if woken else result.grant
-            return replace(grant, waiter=waiter) if plan.wiring.acquire in MARKS_WAITER else grant
+            if _may_stay_registered(plan, marks, attempts, result.tally):
+                grant = replace(grant, waiter=waiter)
+            return grant
         now = yield NOW
         remaining = deadline - now
         if (
@@ -557,6 +559,19 @@ def acquire(
             woken = claimed.woken
         if cancelled is not None and cancelled():
             raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
+
+
+def _may_stay_registered(plan: LockPlan, marks: bool, attempts: int, won: Tally) -> bool:
+    """Whether a grant keeps its waiter id for its release to remove (``Grant.waiter``): a
+    writer's always (its refusals leave markers); a Lock's when a server may still hold the
+    id, registered by a refusal: an earlier attempt was refused somewhere, or a server that
+    answered the winning one did not grant it (the last holder's release not there yet).
+    A first attempt granted by every server heard registered nothing: its release sends no
+    id (a straggler's refusal heard after the round ended leaves a registration that expires
+    by itself: after the refusing holder's lease left + 1 s, or the caller's wait + 100 ms)."""
+    if plan.wiring.acquire in MARKS_WAITER:
+        return True
+    return marks and (attempts > 1 or len(won.votes) > won.granted)
 
 
 def _giver(

@@ -7,7 +7,8 @@
 -- KEYS[6] fence register                  KEYS[7] claimed list
 -- ARGV[1] token      ARGV[2] hand-off window in ms   ARGV[3] wake element lifetime in ms
 -- ARGV[4] the next holder's token, starting with 'h' ('': only wake a waiter)
--- ARGV[5] the next holder's lease in ms    ARGV[6] the releaser's waiter id ('-': none)
+-- ARGV[5] the next holder's lease in ms    ARGV[6] the releaser's waiter id ('-': none),
+--         removed from KEYS[3] whether or not the lock is ours here
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
 -- ARGV[8] (optional) the fence of the grant this release is for: a token that is granted
 --         again (the compat layer's, chosen by the caller) is ours only while KEYS[6] holds
@@ -23,6 +24,10 @@
 -- ARGV[2] ms: the lock key holds the hand-off marker (its empty value, see lock_value.lua)
 -- that long; so too when F is not a fence or is at 2^63 - 1 (the woken waiter's acquire
 -- then answers why: a release never fails for want of a next fence).
+-- the releaser's own registration goes first, whoever holds the lock here: a waiter granted
+-- on a majority is still registered where its attempt was refused (a server the last holder's
+-- release had not reached yet), and there the lock is not this lease's
+if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
 if ARGV[8] then
   local fence = redis.call('GET', KEYS[6])
   if fence and fence ~= ARGV[8] then return 0 end
@@ -64,7 +69,6 @@ if not lock_may_have_waiters(value, ARGV[1]) or redis.call('EXISTS', KEYS[3]) ==
   return 1
 end
 -- #include fence_math.lua
-if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
