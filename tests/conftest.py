@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from clockwatch import ClockWatch
 
 from fencelock.testing import ServerGroup
 
@@ -25,6 +26,22 @@ def pytest_configure(config: pytest.Config) -> None:
     target = hard if hard == resource.RLIM_INFINITY else max(soft, min(hard, 65536))
     if target != soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+#: The session's watch of the host's wall clock against its monotonic clock (started when this
+#: file is loaded); the terminal summary reports how far it moved and its steps.
+_CLOCK = ClockWatch()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Report steps of the wall clock the servers expire keys by (tests/clockwatch.py): a
+    lease test that failed while the host's clock stepped by as much failed of that step."""
+    moved = _CLOCK.stop()
+    steps = ", ".join(f"{size * 1000:+.1f} ms at monotonic {at:.3f}" for at, size in _CLOCK.steps)
+    terminalreporter.write_line(
+        f"wall clock against monotonic: moved {moved * 1000:.3f} ms over the session"
+        + (f"; steps: {steps}" if steps else "; no step over 1 ms")
+    )
 
 
 # The quick subset (`pytest -m "not slow"`, README): whole modules that start topologies
