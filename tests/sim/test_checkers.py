@@ -18,6 +18,7 @@ from tools.sim.checkers import (
     rw_when_free,
     semaphore_limit,
 )
+from tools.sim.server import ZSet
 from tools.sim.world import Config, Grant, History, Loss, World
 
 
@@ -157,6 +158,35 @@ def test_a_lease_whose_local_deadline_outlives_its_keys_is_reported() -> None:
     world.servers[1].expires[b"fencelock:{k}"] = 1004_500
     world._check_leases(1001.0, 2)
     assert len(world.history.outlived) == 1
+
+
+def test_a_registration_left_after_its_leases_confirmed_release_is_reported() -> None:
+    """The mutant lock-grant-forgets-waiter: sim1 still registers the waiter id a granted
+    acquire carried, past the window after its lease's release was confirmed."""
+    world = World(1, Config(servers=3, faults=()))
+    grant = Grant("a", "k", "tok", 7, at=1000.2, deadline=1002.0, ended=1000.5, start=1000.1)
+    grant.release = "ok"
+    world.history.grants.append(grant)
+    world._waiter_ids[b"tok"] = b"w1"
+    waiters = ZSet()
+    waiters.scores[b"w1"] = world.clocks[1]() * 1000 + 5000  # unexpired
+    world.servers[1].data[b"fencelock:{k}:waiters"] = waiters
+    granted = {b"tok": grant}
+    world._check_registrations(1001.0, 1.1, granted)
+    assert world.history.registrations == []  # within the window after the release
+    grant.release = "Unavailable"
+    world._check_registrations(1002.0, 1.1, granted)
+    assert world.history.registrations == []  # not confirmed: it may not have run there
+    grant.release = "ok"
+    waiters.scores[b"w1"] = world.clocks[1]() * 1000 - 1  # expired: as good as gone
+    world._check_registrations(1002.0, 1.1, granted)
+    assert world.history.registrations == []
+    waiters.scores[b"w1"] = world.clocks[1]() * 1000 + 5000
+    world._check_registrations(1002.0, 1.1, granted)
+    assert len(world.history.registrations) == 1
+    assert "sim1 fencelock:{k}:waiters still registers w1" in world.history.registrations[0]
+    world._check_registrations(1002.1, 1.1, granted)
+    assert len(world.history.registrations) == 1  # reported once
 
 
 def test_fence_order_tolerates_a_step_back_only_across_a_clock_break_and_a_wipe() -> None:

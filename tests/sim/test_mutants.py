@@ -181,3 +181,23 @@ def test_a_writer_granted_after_a_refusal_leaves_no_intent_behind(tmp_path: Path
     assert runs["mutant"].returncode == 1, runs["mutant"].stdout[-3000:]
     assert "VIOLATION rw_when_free: " in runs["mutant"].stdout
     assert "was refused the read lock after waiting" in runs["mutant"].stdout
+
+
+def test_a_waiter_granted_where_a_release_came_late_leaves_no_registration(
+    tmp_path: Path,
+) -> None:
+    """Seed 12 (no fault needed: shrunk to none): a waiter's winning attempt reaches sim1
+    before the last holder's release does, is refused there and registers, and is granted by
+    the two others. Today its release removes that registration; with a Lock's grant keeping
+    no waiter id (lock-grant-forgets-waiter, CI's failure at a72da2b) it stays registered on
+    sim1 past its confirmed release (``no_stale_registration``)."""
+    runs = {}
+    for name, src in (("today", ROOT / "src"), ("mutant", _copy_source(tmp_path))):
+        if name == "mutant":
+            apply(next(m for m in MUTANTS if m.name == "lock-grant-forgets-waiter"), src)
+        runs[name] = simulate("--replay", "12", src=src, timeout=180)
+    assert runs["today"].returncode == 0, runs["today"].stdout[-3000:]
+    assert runs["mutant"].returncode == 1, runs["mutant"].stdout[-3000:]
+    assert "VIOLATION no_stale_registration: sim1 fencelock:{k0}:waiters still registers" in (
+        runs["mutant"].stdout
+    )

@@ -14,6 +14,9 @@ short texts (empty: the property holds). Each has a known-bad-history unit test
   window, by a token no grant ever had (an acquire run twice, or told NotAcquired while its
   SET landed); and after every fault healed each key can be taken within half a lease.
 - ``confirmed_release_applied``: a release reported confirmed left no key behind.
+- ``no_stale_registration``: a Lock's acquire that waited leaves no registration in the lock's
+  waiters (on a healthy server, past the cleanup window, no fault in it) once its lease's
+  release was confirmed: not even where the winning attempt was refused.
 - ``no_unexpected_error``: no exception other than NotAcquired / Unavailable / LockLost
   reached a client.
 - ``rw_exclusion``: an RWLock's write lease never valid while a read lease or another write
@@ -49,6 +52,7 @@ PROPERTIES = (
     "fence_order",
     "no_ghost_key",
     "confirmed_release_applied",
+    "no_stale_registration",
     "no_unexpected_error",
     "grant_lands_everywhere",
     "lease_within_keys",
@@ -400,6 +404,10 @@ def confirmed_release_applied(history: History) -> list[str]:
     return list(history.unapplied)
 
 
+def no_stale_registration(history: History) -> list[str]:
+    return list(history.registrations)
+
+
 def no_unexpected_error(history: History) -> list[str]:
     return list(history.errors)
 
@@ -554,6 +562,7 @@ CHECKS = {
     "fence_order": fence_order,
     "no_ghost_key": no_ghost_key,
     "confirmed_release_applied": confirmed_release_applied,
+    "no_stale_registration": no_stale_registration,
     "no_unexpected_error": no_unexpected_error,
     "grant_lands_everywhere": grant_lands_everywhere,
     "lease_within_keys": lease_within_keys,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .loop import Clock, SimLoop, patched_time
-from .server import SimServer, SimSession
+from .server import SimServer, SimSession, ZSet
 
 PORT = 7000
 
@@ -122,6 +122,8 @@ class History:
     trace: list[str] = field(default_factory=list)
     liveness: list[str] = field(default_factory=list)  # keys not acquirable after healing
     ghosts: list[str] = field(default_factory=list)  # keys held by nobody past the window
+    # waiter ids still registered past the window after their lease's confirmed release
+    registrations: list[str] = field(default_factory=list)
     servers: int = 1
     wiped_at: list[float] = field(default_factory=list)  # true times of wiped crashes
     wiped: list[tuple[float, int]] = field(default_factory=list)  # (true time, server index)
@@ -398,8 +400,12 @@ class World:
             for name in ("acquire", "fair_acquire", "rw_read_acquire", "rw_write_acquire")
         )
         self._ran_at: list[dict[bytes, dict[bytes, float]]] = []
+        # token -> the waiter id its Lock acquire carried (``no_stale_registration``)
+        self._waiter_ids: dict[bytes, bytes] = {}
         for server in self.servers:
             server.ran = _Ran(self.clock, self._ran_at)
+            server.acquire_sha = self.history.acquire_sha
+            server.waiter_ids = self._waiter_ids
         self.paused: list[float] = [0.0] * config.servers  # paused until (true time)
         self._pending_up: list[list[tuple[_Conn, bytes]]] = [[] for _ in self.servers]
         self.conns: list[_Conn] = []
@@ -412,6 +418,7 @@ class World:
         self.spike_max = 0.0
         self.last_fault = 0.0  # true time the last fault ended (the key watch waits past it)
         self._seen: dict[tuple[int, bytes, bytes], float] = {}
+        self._registered: set[tuple[int, bytes, bytes]] = set()  # stale ones reported
         self._reported: set[tuple[bytes, bytes]] = set()
         self.watching = False
         self.process = ""  # whose engine state the modules hold now ("": the host's)
@@ -881,6 +888,7 @@ class World:
                     # or is repeated in the background: past the window, with no fault in it,
                     # it must have been applied as a confirmed one)
                     stale.setdefault((key, value), []).append(index)
+        self._check_registrations(now, window, granted)
         majority = len(self.servers) // 2 + 1
         self._check_leases(now, majority)
         for (key, value), where in stale.items():
@@ -896,6 +904,46 @@ class World:
         for entry in [e for e in self._seen if e not in present]:
             del self._seen[entry]
         self.at(now + every_s, self.watch_keys)
+
+    def _check_registrations(self, now: float, window: float, granted: dict[bytes, Grant]) -> None:
+        """A waiter id still registered (unexpired) in a lock's waiters on a healthy server,
+        past the cleanup window after the confirmed release of the lease its acquire won, with
+        no fault in that window: the release must remove its own registration wherever it
+        runs (a registration left makes that server's next release hand the lock to nobody)."""
+        if now - self.last_fault < window:
+            return
+        owner: dict[bytes, Grant] = {}
+        for token, waiter in self._waiter_ids.items():
+            grant = granted.get(token)
+            if grant is not None and grant.kind == "lock":
+                owner[waiter] = grant
+        for index, server in enumerate(self.servers):
+            if not server.up or self.paused[index] > now:
+                continue
+            now_ms = self.clocks[index]() * 1000
+            for key, value in server.data.items():
+                if not (key.startswith(b"fencelock:{") and key.endswith(b"}:waiters")):
+                    continue
+                expiry = server.expires.get(key)
+                if (expiry is not None and expiry <= now_ms) or not isinstance(value, ZSet):
+                    continue
+                for member, score in value.scores.items():
+                    grant = owner.get(member)
+                    if (
+                        score <= now_ms
+                        or grant is None
+                        or grant.release != "ok"
+                        or grant.ended is None
+                        or now - grant.ended < window
+                        or (index, key, member) in self._registered
+                    ):
+                        continue
+                    self._registered.add((index, key, member))
+                    self.history.registrations.append(
+                        f"sim{index} {key.decode()} still registers {member.decode()} "
+                        f"({grant.client}'s acquire, granted at {grant.at - 1000:.4f}) "
+                        f"{now - grant.ended:.3f} s after its confirmed release"
+                    )
 
     def _check_leases(self, now: float, majority: int) -> None:
         """A valid lease's local deadline never outlives its key on a majority: every lease

@@ -564,14 +564,13 @@ def acquire(
 def _may_stay_registered(plan: LockPlan, marks: bool, attempts: int, won: Tally) -> bool:
     """Whether a grant keeps its waiter id for its release to remove (``Grant.waiter``): a
     writer's always (its refusals leave markers); a Lock's when a server may still hold the
-    id, registered by a refusal: an earlier attempt was refused somewhere, or a server that
-    answered the winning one did not grant it (the last holder's release not there yet).
-    A first attempt granted by every server heard registered nothing: its release sends no
-    id (a straggler's refusal heard after the round ended leaves a registration that expires
-    by itself: after the refusing holder's lease left + 1 s, or the caller's wait + 100 ms)."""
+    id, registered by a refusal: an earlier attempt was refused somewhere, or a server did not
+    grant the winning one (it refused, the last holder's release not there yet, or its reply
+    was not heard: the round ended on its majority, and a refusal may be on its way). A first
+    attempt granted by every server registered nothing: its release sends no id."""
     if plan.wiring.acquire in MARKS_WAITER:
         return True
-    return marks and (attempts > 1 or len(won.votes) > won.granted)
+    return marks and (attempts > 1 or won.granted < plan.n)
 
 
 def _giver(
