@@ -277,6 +277,36 @@ def test_a_writer_granted_while_one_server_refused_it_leaves_no_intent_there(
     reader.release()
 
 
+@pytest.mark.parametrize("kind", ["reader", "permit"])
+def test_a_waiter_granted_while_one_server_refused_it_leaves_no_registration_there(
+    topologies: Any, make: Make, key: str, kind: str
+) -> None:
+    """The Lock's fix (tests/integration/test_waiter_registration.py) for a reader and a
+    permit: granted by two servers while the third still held the last holder's key (its
+    release not there yet), the acquire stays registered as a waiter there; its release
+    removes that registration although it holds nothing there (simulation
+    ``no_stale_registration``: a registration left makes that server's next release wake or
+    hand the lock to nobody)."""
+    group = topologies.group(3)
+    stale = group.servers[2].client()
+    if kind == "reader":
+        held, waiters = rw_keys(key).writer.lock, rw_keys(key).writer.waiters
+        rw = make("rwlock", group.urls, key, ttl=10)
+        take = lambda: rw.acquire_read(wait=3)  # noqa: E731
+    else:
+        held, waiters = slot_keys(key, 0).lock, slot_keys(key, 0).waiters
+        sem = make("semaphore", group.urls, key, 1, ttl=10)
+        take = lambda: sem.acquire(wait=3)  # noqa: E731
+    # the last holder's key, which its release did not reach on this server
+    stale.set(held, "an-earlier-holders-token", px=5000)
+    lease = take()  # granted by the other two, refused here
+    assert stale.zcard(waiters) == 1, "the refusal registered the waiter on the third"
+    lease.release()
+    assert stale.zcard(waiters) == 0, "the release removed its own registration there"
+    assert all(s.client().zcard(waiters) == 0 for s in group.servers)
+    stale.delete(held)
+
+
 def test_a_reader_asking_for_write_waits_like_any_writer(
     topologies: Any, make: Make, key: str
 ) -> None:

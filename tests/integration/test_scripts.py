@@ -65,7 +65,7 @@ SHAS = {
     "rw_read_acquire": "a5c65d550084b4c406c74248d6dc3401a5dee20b",
     "rw_read_commit": "058043b817dcfa9e939513a94dab1a221ff8e12c",
     "rw_read_extend": "af810cf64c63510f762fc826c3a66a97b02376da",
-    "rw_read_release": "a4c2200aba55b2265174d25262aa579d05d36646",
+    "rw_read_release": "e36c13dd732be30470725aafc08649c91301d8b0",
     "rw_write_acquire": "f78806ddd2b25cc3280d38fbcf619ed57e301fc9",
     "rw_write_release": "0afff886276144ebb6dacb34af38b65b004449d0",
     "fair_acquire": "5876f5de79baf44b0c813b79c5a5b16d490495e9",

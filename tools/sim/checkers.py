@@ -14,9 +14,10 @@ short texts (empty: the property holds). Each has a known-bad-history unit test
   window, by a token no grant ever had (an acquire run twice, or told NotAcquired while its
   SET landed); and after every fault healed each key can be taken within half a lease.
 - ``confirmed_release_applied``: a release reported confirmed left no key behind.
-- ``no_stale_registration``: a Lock's acquire that waited leaves no registration in the lock's
-  waiters (on a healthy server, past the cleanup window, no fault in it) once its lease's
-  release was confirmed: not even where the winning attempt was refused.
+- ``no_stale_registration``: an acquire that waited (a Lock's, a permit's, a reader's, a
+  writer's) leaves no registration in its lock's waiters (on a healthy server, past the
+  cleanup window, no fault in it) once its lease's release was confirmed: not even where the
+  winning attempt was refused.
 - ``no_unexpected_error``: no exception other than NotAcquired / Unavailable / LockLost
   reached a client.
 - ``rw_exclusion``: an RWLock's write lease never valid while a read lease or another write

@@ -208,9 +208,10 @@ class SimServer:
         self.commands = 0  # commands run (client commands and scripts' calls)
         # (sha, ARGV[1]) of every script run, when the world asks for it (None: not kept)
         self.ran: set[tuple[bytes, bytes]] | None = None
-        # the Lock acquire script's SHA and, when the world asks for it (None: not kept), the
-        # waiter id each of its calls carried, by token (ARGV[1] -> ARGV[5] without its "+")
-        self.acquire_sha = b""
+        # the SHAs of the acquire scripts that take a waiter id as ARGV[5] and, when the world
+        # asks for it (None: not kept), the id each of their calls carried, by token (ARGV[1]
+        # -> ARGV[5] without the "+" of a Lock's first attempt)
+        self.waiter_shas: frozenset[bytes] = frozenset()
         self.waiter_ids: dict[bytes, bytes] | None = None
         self.scripts = Scripts(self._script_call, engine=engine)
         self._table = self._build_table()
@@ -614,7 +615,7 @@ class SimServer:
             return Err("ERR Number of keys can't be greater than number of args")
         if self.ran is not None and len(a) > 3 + numkeys:
             self.ran.add((sha, a[3 + numkeys]))
-        if self.waiter_ids is not None and sha == self.acquire_sha and len(a) > 7 + numkeys:
+        if self.waiter_ids is not None and sha in self.waiter_shas and len(a) > 7 + numkeys:
             waiter = a[7 + numkeys]
             if waiter != b"-":
                 self.waiter_ids[a[3 + numkeys]] = waiter.removeprefix(b"+")

@@ -400,11 +400,16 @@ class World:
             for name in ("acquire", "fair_acquire", "rw_read_acquire", "rw_write_acquire")
         )
         self._ran_at: list[dict[bytes, dict[bytes, float]]] = []
-        # token -> the waiter id its Lock acquire carried (``no_stale_registration``)
+        # token -> the waiter id its acquire carried (``no_stale_registration``): a Lock's, a
+        # permit's, a reader's, a writer's (a fair lock waits in a queue of its own)
         self._waiter_ids: dict[bytes, bytes] = {}
+        waiter_shas = frozenset(
+            BY_NAME[name].sha.encode()
+            for name in ("acquire", "sem_acquire", "rw_read_acquire", "rw_write_acquire")
+        )
         for server in self.servers:
             server.ran = _Ran(self.clock, self._ran_at)
-            server.acquire_sha = self.history.acquire_sha
+            server.waiter_shas = waiter_shas
             server.waiter_ids = self._waiter_ids
         self.paused: list[float] = [0.0] * config.servers  # paused until (true time)
         self._pending_up: list[list[tuple[_Conn, bytes]]] = [[] for _ in self.servers]
@@ -906,16 +911,17 @@ class World:
         self.at(now + every_s, self.watch_keys)
 
     def _check_registrations(self, now: float, window: float, granted: dict[bytes, Grant]) -> None:
-        """A waiter id still registered (unexpired) in a lock's waiters on a healthy server,
-        past the cleanup window after the confirmed release of the lease its acquire won, with
-        no fault in that window: the release must remove its own registration wherever it
-        runs (a registration left makes that server's next release hand the lock to nobody)."""
+        """A waiter id still registered (unexpired) in a lock's (a semaphore's, a read-write
+        lock's) waiters on a healthy server, past the cleanup window after the confirmed
+        release of the lease its acquire won, with no fault in that window: the release must
+        remove its own registration wherever it runs (a registration left makes that server's
+        next release hand the lock to nobody, or wake nobody)."""
         if now - self.last_fault < window:
             return
         owner: dict[bytes, Grant] = {}
         for token, waiter in self._waiter_ids.items():
             grant = granted.get(token)
-            if grant is not None and grant.kind == "lock":
+            if grant is not None and grant.kind != "fair":
                 owner[waiter] = grant
         for index, server in enumerate(self.servers):
             if not server.up or self.paused[index] > now:

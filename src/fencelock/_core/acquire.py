@@ -516,7 +516,7 @@ def acquire(
         )
         if result.grant is not None:
             grant = replace(result.grant, after_wake=1) if woken else result.grant
-            if _may_stay_registered(plan, marks, attempts, result.tally):
+            if _may_stay_registered(plan, waiter, attempts, result.tally):
                 grant = replace(grant, waiter=waiter)
             return grant
         now = yield NOW
@@ -561,16 +561,18 @@ def acquire(
             raise acquire_failure(plan.key, result.decision, result.tally, plan.names, attempts)
 
 
-def _may_stay_registered(plan: LockPlan, marks: bool, attempts: int, won: Tally) -> bool:
-    """Whether a grant keeps its waiter id for its release to remove (``Grant.waiter``): a
-    writer's always (its refusals leave markers); a Lock's when a server may still hold the
-    id, registered by a refusal: an earlier attempt was refused somewhere, or a server did not
+def _may_stay_registered(plan: LockPlan, waiter: str, attempts: int, won: Tally) -> bool:
+    """Whether a grant keeps its waiter id for its release to remove (``Grant.waiter``; every
+    release script a waiting acquire's lease runs removes it first, on every server it
+    reaches: ``release.lua`` for a Lock's and a permit's, ``rw_*_release.lua``): a writer's
+    always (its refusals leave markers); any other when a server may still hold the id,
+    registered by a refusal: an earlier attempt was refused somewhere, or a server did not
     grant the winning one (it refused, the last holder's release not there yet, or its reply
     was not heard: the round ended on its majority, and a refusal may be on its way). A first
     attempt granted by every server registered nothing: its release sends no id."""
     if plan.wiring.acquire in MARKS_WAITER:
         return True
-    return marks and (attempts > 1 or won.granted < plan.n)
+    return waiter != "-" and (attempts > 1 or won.granted < plan.n)
 
 
 def _giver(
