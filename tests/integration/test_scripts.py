@@ -54,7 +54,7 @@ def test_sha_matches_script_load(fencelock_session_server: Any, script: Any) -> 
 #: Changing a script changes its SHA: deployed servers keep the old one cached, so say so.
 SHAS = {
     "acquire": "a44f6166e18fd41ae874ac64cad657444f19364c",
-    "release": "d5264819f5aaa54beea939cf73644d96e2b07822",
+    "release": "6fd9b01aa09acb096709f060b3efc965a24f0fb9",
     "extend": "b676294b7416a2cf7f647384bfbaabcabfcf944d",
     "fence_commit": "93dd03dca5e019c3fb53981119758e3002d88063",
     "elect_announce": "b7339a072b28365c4e0479435c11b8aaa41a6daf",

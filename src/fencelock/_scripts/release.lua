@@ -8,7 +8,7 @@
 -- ARGV[1] token      ARGV[2] hand-off window in ms   ARGV[3] wake element lifetime in ms
 -- ARGV[4] the next holder's token, starting with 'h' ('': only wake a waiter)
 -- ARGV[5] the next holder's lease in ms    ARGV[6] the releaser's waiter id ('-': none),
---         removed from KEYS[3] whether or not the lock is ours here
+--         removed from KEYS[3] whether or not the lock is ours here (absent: none)
 -- ARGV[7] the fence register's retention in ms ('0' or absent: for ever; see fence_store)
 -- ARGV[8] (optional) the fence of the grant this release is for: a token that is granted
 --         again (the compat layer's, chosen by the caller) is ours only while KEYS[6] holds
@@ -27,7 +27,7 @@
 -- the releaser's own registration goes first, whoever holds the lock here: a waiter granted
 -- on a majority is still registered where its attempt was refused (a server the last holder's
 -- release had not reached yet), and there the lock is not this lease's
-if ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
+if ARGV[6] and ARGV[6] ~= '-' then redis.call('ZREM', KEYS[3], ARGV[6]) end
 if ARGV[8] then
   local fence = redis.call('GET', KEYS[6])
   if fence and fence ~= ARGV[8] then return 0 end
