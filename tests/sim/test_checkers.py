@@ -187,6 +187,11 @@ def test_a_registration_left_after_its_leases_confirmed_release_is_reported() ->
     assert "sim1 fencelock:{k}:waiters still registers w1" in world.history.registrations[0]
     world._check_registrations(1002.1, 1.1, granted)
     assert len(world.history.registrations) == 1  # reported once
+    # an attempt of the call that a fault delayed past the release registered it again there
+    world.servers[2].data[b"fencelock:{k}:waiters"] = waiters
+    world.servers[2].refused_at[b"w1"] = 1000.6
+    world._check_registrations(1002.2, 1.1, granted)
+    assert len(world.history.registrations) == 1
 
 
 def test_fence_order_tolerates_a_step_back_only_across_a_clock_break_and_a_wipe() -> None:

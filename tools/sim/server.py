@@ -213,6 +213,10 @@ class SimServer:
         # -> ARGV[5] without the "+" of a Lock's first attempt)
         self.waiter_shas: frozenset[bytes] = frozenset()
         self.waiter_ids: dict[bytes, bytes] | None = None
+        # ... and when (``true_now()``, the world's true time) each id was last refused here,
+        # which registers it (kept with ``waiter_ids``)
+        self.refused_at: dict[bytes, float] = {}
+        self.true_now: Any = None
         self.scripts = Scripts(self._script_call, engine=engine)
         self._table = self._build_table()
 
@@ -615,11 +619,15 @@ class SimServer:
             return Err("ERR Number of keys can't be greater than number of args")
         if self.ran is not None and len(a) > 3 + numkeys:
             self.ran.add((sha, a[3 + numkeys]))
+        waiter = b"-"
         if self.waiter_ids is not None and sha in self.waiter_shas and len(a) > 7 + numkeys:
-            waiter = a[7 + numkeys]
+            waiter = a[7 + numkeys].removeprefix(b"+")
             if waiter != b"-":
-                self.waiter_ids[a[3 + numkeys]] = waiter.removeprefix(b"+")
-        return self.scripts.run(sha, a[3 : 3 + numkeys], a[3 + numkeys :])
+                self.waiter_ids[a[3 + numkeys]] = waiter
+        result = self.scripts.run(sha, a[3 : 3 + numkeys], a[3 + numkeys :])
+        if waiter != b"-" and isinstance(result, list) and result and result[0] == 0:
+            self.refused_at[waiter] = self.true_now()
+        return result
 
     def _script(self, a: list[bytes]) -> Any:
         sub = a[1].upper()

@@ -411,6 +411,7 @@ class World:
             server.ran = _Ran(self.clock, self._ran_at)
             server.waiter_shas = waiter_shas
             server.waiter_ids = self._waiter_ids
+            server.true_now = lambda: self.clock.now
         self.paused: list[float] = [0.0] * config.servers  # paused until (true time)
         self._pending_up: list[list[tuple[_Conn, bytes]]] = [[] for _ in self.servers]
         self.conns: list[_Conn] = []
@@ -942,6 +943,9 @@ class World:
                         or grant.ended is None
                         or now - grant.ended < window
                         or (index, key, member) in self._registered
+                        # an attempt of the call refused here after the lease's release: a
+                        # request a fault delayed past it (the registration expires by itself)
+                        or server.refused_at.get(member, -1e9) >= grant.ended
                     ):
                         continue
                     self._registered.add((index, key, member))
