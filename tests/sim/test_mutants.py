@@ -166,16 +166,25 @@ def test_the_clean_seed_can_be_given_and_defaults_to_the_seed() -> None:
     assert refused.returncode == 2 and "--clean-seed goes with --mutants" in refused.stderr
 
 
+def _replay_today_and_mutated(
+    tmp_path: Path, mutant: str, seed: str
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """``--replay seed`` on today's source ("today") and on a copy with ``mutant`` applied
+    ("mutant")."""
+    src = _copy_source(tmp_path)
+    apply(next(m for m in MUTANTS if m.name == mutant), src)
+    return {
+        "today": simulate("--replay", seed, src=ROOT / "src", timeout=180),
+        "mutant": simulate("--replay", seed, src=src, timeout=180),
+    }
+
+
 def test_a_writer_granted_after_a_refusal_leaves_no_intent_behind(tmp_path: Path) -> None:
     """Seed 316 (all primitives): a writer refused while readers held rw0 is granted when they
     leave. Today nothing it left stops the reader after it; with the read-write scripts sent
     the first attempt's ``+`` (rw-first-attempt-marked, last stop's CI failure) its intent
     marker stays, and that reader waits 1.5 s on a free lock, refused (``rw_when_free``)."""
-    runs = {}
-    for name, src in (("today", ROOT / "src"), ("mutant", _copy_source(tmp_path))):
-        if name == "mutant":
-            apply(next(m for m in MUTANTS if m.name == "rw-first-attempt-marked"), src)
-        runs[name] = simulate("--replay", "316", src=src, timeout=180)
+    runs = _replay_today_and_mutated(tmp_path, "rw-first-attempt-marked", "316")
     assert runs["today"].returncode == 0, runs["today"].stdout[-3000:]
     assert "granted rw0 (write)" in runs["today"].stdout
     assert runs["mutant"].returncode == 1, runs["mutant"].stdout[-3000:]
@@ -191,11 +200,7 @@ def test_a_waiter_granted_where_a_release_came_late_leaves_no_registration(
     the two others. Today its release removes that registration; with a Lock's grant keeping
     no waiter id (lock-grant-forgets-waiter, CI's failure at a72da2b) it stays registered on
     sim1 past its confirmed release (``no_stale_registration``)."""
-    runs = {}
-    for name, src in (("today", ROOT / "src"), ("mutant", _copy_source(tmp_path))):
-        if name == "mutant":
-            apply(next(m for m in MUTANTS if m.name == "lock-grant-forgets-waiter"), src)
-        runs[name] = simulate("--replay", "12", src=src, timeout=180)
+    runs = _replay_today_and_mutated(tmp_path, "lock-grant-forgets-waiter", "12")
     assert runs["today"].returncode == 0, runs["today"].stdout[-3000:]
     assert runs["mutant"].returncode == 1, runs["mutant"].stdout[-3000:]
     assert "VIOLATION no_stale_registration: sim1 fencelock:{k0}:waiters still registers" in (

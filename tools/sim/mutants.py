@@ -226,10 +226,9 @@ MUTANTS: tuple[Mutant, ...] = (
         name="lock-grant-forgets-waiter",
         description=(
             "a grant keeps no waiter id (but a writer's), so its release removes no "
-            "registration: a "
-            "waiter granted by a majority while a server refused it (the last holder's release "
-            "not there yet) stays registered there until the registration expires, and that "
-            "server's next release hands the lock to nobody (CI at a72da2b: "
+            "registration: a waiter granted by a majority while a server refused it (the last "
+            "holder's release not there yet) stays registered there until the registration "
+            "expires, and that server's next release hands the lock to nobody (CI at a72da2b: "
             "tests/integration/test_waiter_registration.py's "
             "test_a_waiter_granted_after_a_refusal_leaves_no_registration[sync-3])"
         ),
