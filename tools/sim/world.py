@@ -26,7 +26,7 @@ import heapq
 import math
 import random
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -856,44 +856,37 @@ class World:
         granted = {g.token.encode(): g for g in self.history.grants}
         present: set[tuple[int, bytes, bytes]] = set()
         stale: dict[tuple[bytes, bytes], list[int]] = {}
-        for index, server in enumerate(self.servers):
-            if not server.up or self.paused[index] > now:
+        for index, _server, key, value, _ in self._live_keys(now, b"}"):
+            if not isinstance(value, bytes):
                 continue
-            now_ms = int(self.clocks[index]() * 1000)
-            for key, value in server.data.items():
-                if not (key.startswith(b"fencelock:{") and key.endswith(b"}")):
-                    continue
-                expiry = server.expires.get(key)
-                if (expiry is not None and expiry <= now_ms) or not isinstance(value, bytes):
-                    continue
-                value = _token_of(value)
-                if not value:
-                    continue  # the hand-off marker: nobody's, and gone after its window
-                entry = (index, key, value)
-                present.add(entry)
-                first = self._seen.setdefault(entry, now)
-                if now - first < window or now - self.last_fault < window:
-                    continue
-                grant = granted.get(value)
-                name = key[len(b"fencelock:{") : -1].decode()
-                if self.busy.get(name) or now - self.busy_until.get(name, -1e9) < window:
-                    continue  # a MultiLock holds it while it waits for its next key
-                if grant is None and not value.startswith(b"h"):
-                    self.history.ghosts.append(
-                        f"sim{index} {key.decode()} held by {value[:8].decode()}… (no grant) "
-                        f"for {now - first:.3f} s"
-                    )
-                    self._seen[entry] = now + 1e9  # reported once
-                elif (
-                    grant is not None
-                    and grant.release in ("ok", "cancelled", "interrupted")
-                    and grant.ended is not None
-                    and now - grant.ended > window
-                ):
-                    # (a release cancelled by a cancel_task fault goes on without its caller,
-                    # or is repeated in the background: past the window, with no fault in it,
-                    # it must have been applied as a confirmed one)
-                    stale.setdefault((key, value), []).append(index)
+            value = _token_of(value)
+            if not value:
+                continue  # the hand-off marker: nobody's, and gone after its window
+            entry = (index, key, value)
+            present.add(entry)
+            first = self._seen.setdefault(entry, now)
+            if now - first < window or now - self.last_fault < window:
+                continue
+            grant = granted.get(value)
+            name = key[len(b"fencelock:{") : -1].decode()
+            if self.busy.get(name) or now - self.busy_until.get(name, -1e9) < window:
+                continue  # a MultiLock holds it while it waits for its next key
+            if grant is None and not value.startswith(b"h"):
+                self.history.ghosts.append(
+                    f"sim{index} {key.decode()} held by {value[:8].decode()}… (no grant) "
+                    f"for {now - first:.3f} s"
+                )
+                self._seen[entry] = now + 1e9  # reported once
+            elif (
+                grant is not None
+                and grant.release in ("ok", "cancelled", "interrupted")
+                and grant.ended is not None
+                and now - grant.ended > window
+            ):
+                # (a release cancelled by a cancel_task fault goes on without its caller,
+                # or is repeated in the background: past the window, with no fault in it,
+                # it must have been applied as a confirmed one)
+                stale.setdefault((key, value), []).append(index)
         self._check_registrations(now, window, granted)
         majority = len(self.servers) // 2 + 1
         self._check_leases(now, majority)
@@ -911,6 +904,22 @@ class World:
             del self._seen[entry]
         self.at(now + every_s, self.watch_keys)
 
+    def _live_keys(
+        self, now: float, ending: bytes
+    ) -> Iterator[tuple[int, SimServer, bytes, Any, int]]:
+        """(server index, server, key, value, the server's clock in ms) of every unexpired key
+        ``fencelock:{...`` ending in ``ending`` on the servers up and not paused at ``now``."""
+        for index, server in enumerate(self.servers):
+            if not server.up or self.paused[index] > now:
+                continue
+            now_ms = int(self.clocks[index]() * 1000)
+            for key, value in server.data.items():
+                if not (key.startswith(b"fencelock:{") and key.endswith(ending)):
+                    continue
+                expiry = server.expires.get(key)
+                if expiry is None or expiry > now_ms:
+                    yield index, server, key, value, now_ms
+
     def _check_registrations(self, now: float, window: float, granted: dict[bytes, Grant]) -> None:
         """A waiter id still registered (unexpired) in a lock's (a semaphore's, a read-write
         lock's) waiters on a healthy server, past the cleanup window after the confirmed
@@ -924,36 +933,29 @@ class World:
             grant = granted.get(token)
             if grant is not None and grant.kind != "fair":
                 owner[waiter] = grant
-        for index, server in enumerate(self.servers):
-            if not server.up or self.paused[index] > now:
+        for index, server, key, value, now_ms in self._live_keys(now, b"}:waiters"):
+            if not isinstance(value, ZSet):
                 continue
-            now_ms = self.clocks[index]() * 1000
-            for key, value in server.data.items():
-                if not (key.startswith(b"fencelock:{") and key.endswith(b"}:waiters")):
+            for member, score in value.scores.items():
+                grant = owner.get(member)
+                if (
+                    score <= now_ms
+                    or grant is None
+                    or grant.release != "ok"
+                    or grant.ended is None
+                    or now - grant.ended < window
+                    or (index, key, member) in self._registered
+                    # an attempt of the call refused here after the lease's release: a
+                    # request a fault delayed past it (the registration expires by itself)
+                    or server.refused_at.get(member, -1e9) >= grant.ended
+                ):
                     continue
-                expiry = server.expires.get(key)
-                if (expiry is not None and expiry <= now_ms) or not isinstance(value, ZSet):
-                    continue
-                for member, score in value.scores.items():
-                    grant = owner.get(member)
-                    if (
-                        score <= now_ms
-                        or grant is None
-                        or grant.release != "ok"
-                        or grant.ended is None
-                        or now - grant.ended < window
-                        or (index, key, member) in self._registered
-                        # an attempt of the call refused here after the lease's release: a
-                        # request a fault delayed past it (the registration expires by itself)
-                        or server.refused_at.get(member, -1e9) >= grant.ended
-                    ):
-                        continue
-                    self._registered.add((index, key, member))
-                    self.history.registrations.append(
-                        f"sim{index} {key.decode()} still registers {member.decode()} "
-                        f"({grant.client}'s acquire, granted at {grant.at - 1000:.4f}) "
-                        f"{now - grant.ended:.3f} s after its confirmed release"
-                    )
+                self._registered.add((index, key, member))
+                self.history.registrations.append(
+                    f"sim{index} {key.decode()} still registers {member.decode()} "
+                    f"({grant.client}'s acquire, granted at {grant.at - 1000:.4f}) "
+                    f"{now - grant.ended:.3f} s after its confirmed release"
+                )
 
     def _check_leases(self, now: float, majority: int) -> None:
         """A valid lease's local deadline never outlives its key on a majority: every lease
