@@ -24,10 +24,8 @@ class ClockWatch:
     more than a millisecond between samples, as (monotonic s, size s)."""
 
     def __init__(self, every_s: float = 0.005, for_s: float = 7200.0) -> None:
-        first = None
-        while first is None:
-            first = _offset()
-        self.low = self.high = self._last = first
+        # the offsets seen (lowest, highest, last); None until a first sample counts
+        self.low = self.high = self._last = _offset()
         self.steps: list[tuple[float, float]] = []
         self._every_s = every_s
         self._end = time.monotonic() + for_s
@@ -37,14 +35,16 @@ class ClockWatch:
 
     @property
     def moved(self) -> float:
-        return self.high - self.low
+        return 0.0 if self.low is None or self.high is None else self.high - self.low
 
     def _run(self) -> None:
         while not self._stop.wait(self._every_s) and time.monotonic() < self._end:
             offset = _offset()
             if offset is None:
                 continue
-            if abs(offset - self._last) > STEP_S:
+            if self._last is None or self.low is None or self.high is None:
+                self.low = self.high = offset
+            elif abs(offset - self._last) > STEP_S:
                 self.steps.append((time.monotonic(), offset - self._last))
             self._last = offset
             self.low, self.high = min(self.low, offset), max(self.high, offset)
