@@ -291,15 +291,13 @@ def test_a_waiter_granted_while_one_server_refused_it_leaves_no_registration_the
     stale = group.servers[2].client()
     if kind == "reader":
         held, waiters = rw_keys(key).writer.lock, rw_keys(key).writer.waiters
-        rw = make("rwlock", group.urls, key, ttl=10)
-        take = lambda: rw.acquire_read(wait=3)  # noqa: E731
+        take = make("rwlock", group.urls, key, ttl=10).acquire_read
     else:
         held, waiters = slot_keys(key, 0).lock, slot_keys(key, 0).waiters
-        sem = make("semaphore", group.urls, key, 1, ttl=10)
-        take = lambda: sem.acquire(wait=3)  # noqa: E731
+        take = make("semaphore", group.urls, key, 1, ttl=10).acquire
     # the last holder's key, which its release did not reach on this server
     stale.set(held, "an-earlier-holders-token", px=5000)
-    lease = take()  # granted by the other two, refused here
+    lease = take(wait=3)  # granted by the other two, refused here
     assert stale.zcard(waiters) == 1, "the refusal registered the waiter on the third"
     lease.release()
     assert stale.zcard(waiters) == 0, "the release removed its own registration there"
