@@ -76,21 +76,14 @@ def test_a_waiter_granted_after_a_refusal_leaves_no_registration(
     thread = threading.Thread(target=lambda: got.append(waiter.acquire(wait=BOUND_S)))
     thread.start()
     try:
-        end = time.monotonic() + BOUND_S
-        with contextlib.closing(servers[0].client()) as client:
-            while client.zcard(lock_keys(key).waiters) < 1:
-                assert time.monotonic() < end, "the waiter never registered"
-                time.sleep(0.01)
-            registered = client.zrange(lock_keys(key).waiters, 0, -1)
+        registered = _registered(servers[0], key)
         assert len(registered) == 1 and not registered[0].startswith(b"+"), registered
     finally:
         holder.release()
         thread.join(BOUND_S + 5)
     assert len(got) == 1
     got[0].release()
-    for one in servers:
-        with contextlib.closing(one.client()) as client:
-            assert client.zcard(lock_keys(key).waiters) == 0, one.port
+    _assert_registered_nowhere(servers, key)
 
 
 def test_a_waiter_granted_where_the_last_release_was_late_leaves_no_registration(
@@ -113,11 +106,7 @@ def test_a_waiter_granted_where_the_last_release_was_late_leaves_no_registration
         waiter = make_lock(topologies.urls(3), key, ttl=30)
         thread = threading.Thread(target=lambda: got.append(waiter.acquire(wait=BOUND_S)))
         thread.start()
-        end = time.monotonic() + BOUND_S
-        with contextlib.closing(late.client()) as client:
-            while client.zcard(lock_keys(key).waiters) < 1:
-                assert time.monotonic() < end, "the waiter never registered"
-                time.sleep(0.01)
+        _registered(late, key)
         proxies[2].hold()
         releasing = threading.Thread(target=holder.release)
         releasing.start()
@@ -132,6 +121,21 @@ def test_a_waiter_granted_where_the_last_release_was_late_leaves_no_registration
     finally:
         for proxy in proxies:
             proxy.stop()
-    for one in group.servers:
+    _assert_registered_nowhere(group.servers, key)
+
+
+def _registered(server: Server, key: str) -> list[bytes]:
+    """The ids registered in ``key``'s waiters on ``server``, once there is one (waits at
+    most BOUND_S)."""
+    end = time.monotonic() + BOUND_S
+    with contextlib.closing(server.client()) as client:
+        while client.zcard(lock_keys(key).waiters) < 1:
+            assert time.monotonic() < end, "the waiter never registered"
+            time.sleep(0.01)
+        return list(client.zrange(lock_keys(key).waiters, 0, -1))
+
+
+def _assert_registered_nowhere(servers: Any, key: str) -> None:
+    for one in servers:
         with contextlib.closing(one.client()) as client:
             assert client.zcard(lock_keys(key).waiters) == 0, one.port
