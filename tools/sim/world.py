@@ -929,9 +929,9 @@ class World:
         if now - self.last_fault < window:
             return
         owner: dict[bytes, Grant] = {}
-        for token, waiter in self._waiter_ids.items():
-            grant = granted.get(token)
-            if grant is not None and grant.kind != "fair":
+        for token, grant in granted.items():
+            waiter = self._waiter_ids.get(token)
+            if waiter is not None and grant.kind != "fair":
                 owner[waiter] = grant
         for index, server, key, value, now_ms in self._live_keys(now, b"}:waiters"):
             if not isinstance(value, ZSet):
